@@ -1,0 +1,69 @@
+"""doit wiring for modelyard: DOIT_CONFIG and one task_<stage>() per stage. Logic lives in pipeline/.
+
+    doit build target=rk3588        build, validate and list every model of models/ for a target
+    doit list                       the stages; `doit list --all` every step
+Variables: target=NAME (default: every known target), models=DIR, artifacts=DIR.
+"""
+import sys
+
+from doit import get_var
+
+from pipeline.errors import PipelineError
+from pipeline.graph import load_project
+from pipeline.steps import doit_task
+
+try:
+    PROJECT = load_project(models=get_var("models", "models"),
+                           artifacts=get_var("artifacts", "artifacts"),
+                           target=get_var("target", None))
+except PipelineError as err:
+    print(f"modelyard: {err.render()}", file=sys.stderr)
+    raise SystemExit(2)
+
+DOIT_CONFIG = {
+    "default_tasks": ["build"],
+    "continue": True,  # a model that fails does not stop the others; the exit code is still non-zero
+    "dep_file": str(PROJECT.layout.doit_db),
+    "backend": "sqlite3",
+    "action_string_formatting": "new",
+}
+
+
+def _tasks(stage):
+    for step in PROJECT.steps(stage):
+        yield doit_task(step)
+
+
+def task_import():
+    """check the source model (onnx.checker) and normalise its opset"""
+    yield from _tasks("import")
+
+
+def task_golden():
+    """onnxruntime CPU outputs on each model's fixed test inputs"""
+    yield from _tasks("golden")
+
+
+def task_static():
+    """bind every dynamic dim, simplify with onnxsim, compare with golden"""
+    yield from _tasks("static")
+
+
+def task_iree_compile():
+    """compile the static model with IREE for each target ABI"""
+    yield from _tasks("iree_compile")
+
+
+def task_validate():
+    """run each artifact (natively or under qemu-user) and compare with golden"""
+    yield from _tasks("validate")
+
+
+def task_manifest():
+    """write artifacts/<target>/manifest.json listing each artifact with its sha256"""
+    yield from _tasks("manifest")
+
+
+def task_build():
+    """build every model for target=NAME (default: all targets) and write its manifest"""
+    return {"actions": None, "task_dep": [f"manifest:{t.name}" for t in PROJECT.targets]}

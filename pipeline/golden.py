@@ -1,0 +1,71 @@
+"""Stage `golden`: onnxruntime CPU outputs of the source model on the model's fixed test inputs.
+
+Writes input_<i>.npy and output_<k>.npy (plain .npy: byte-deterministic, and what
+iree-run-module reads) plus golden.json naming them. Every later stage compares against these.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+VERSION = 1
+
+
+def outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
+    return (("golden.json",) + tuple(f"input_{i}.npy" for i in range(n_inputs))
+            + tuple(f"output_{k}.npy" for k in range(n_outputs)))
+
+
+def session(path: Path):
+    """A single-threaded onnxruntime CPU session: the reference, reproducible run to run."""
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def run(ctx) -> None:
+    import numpy as np
+    from .numerics import make_input
+
+    specs = ctx.config["inputs"]
+    arrays = []
+    for spec in specs:
+        file = ctx.input(f"test_data:{spec['name']}") if "file" in spec["test_data"] else None
+        try:
+            arrays.append(make_input(spec, file))
+        except ValueError as exc:
+            raise ctx.error(f"test data for input {spec['name']!r}: {exc}",
+                            hint="regenerate the .npy with the shape and dtype of the spec")
+    try:
+        sess = session(ctx.input("source"))
+        names = [o.name for o in sess.get_outputs()]
+        results = sess.run(None, {s["name"]: a for s, a in zip(specs, arrays)})
+    except Exception as exc:
+        raise ctx.error(f"onnxruntime cannot run the source model on the test inputs: "
+                        f"{str(exc).strip().splitlines()[-1]}",
+                        hint="check the input shapes and dtypes in the spec")
+    doc = {"inputs": [], "outputs": []}
+    for i, (spec, array) in enumerate(zip(specs, arrays)):
+        np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
+        doc["inputs"].append({"name": spec["name"], "file": f"input_{i}.npy",
+                              "shape": list(array.shape), "dtype": str(array.dtype)})
+    if len(results) != ctx.config["n_outputs"]:
+        raise ctx.error(f"the model returned {len(results)} outputs, its graph declares "
+                        f"{ctx.config['n_outputs']}")
+    for k, (name, array) in enumerate(zip(names, results)):
+        np.save(ctx.output(f"output_{k}.npy"), array, allow_pickle=False)
+        doc["outputs"].append({"name": name, "file": f"output_{k}.npy",
+                               "shape": list(array.shape), "dtype": str(array.dtype)})
+    ctx.output("golden.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def load(ctx):
+    """(golden doc, input arrays, output arrays) from a step whose inputs include the golden files."""
+    import numpy as np
+    doc = json.loads(ctx.input("golden.json").read_text())
+    ins = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["inputs"]]
+    outs = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["outputs"]]
+    return doc, ins, outs

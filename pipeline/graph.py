@@ -1,0 +1,160 @@
+"""The build graph: which steps exist for the models and targets, and how their files connect.
+
+    import ─┬─> golden ─> static ─> iree_compile (per target ABI) ─> validate ─> manifest (per target)
+            └────────────────^
+Each function returns `Step`s; dodo.py turns them into doit tasks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import golden, import_model, iree_compile, manifest, static, validate
+from .errors import PipelineError
+from .layout import REPO, Layout
+from .spec import ModelSpec, TargetSpec, known_targets, load_models, load_target
+from .steps import Step
+from .store import use_memo
+
+
+@dataclass(frozen=True)
+class Project:
+    layout: Layout
+    models: tuple[ModelSpec, ...]
+    targets: tuple[TargetSpec, ...]
+
+    def steps(self, stage: str) -> list[Step]:
+        out = []
+        for model in self.models:
+            if stage in ("import", "golden", "static"):
+                out.append(STAGE_STEPS[stage](self.layout, model))
+            elif stage in ("iree_compile", "validate"):
+                for target in self.targets:
+                    for abi in target.abis:
+                        out.append(STAGE_STEPS[stage](self.layout, model, target, abi))
+        if stage == "manifest":
+            out = [manifest_step(self.layout, self.models, t) for t in self.targets]
+        return out
+
+
+def load_project(models: str | Path, artifacts: str | Path, target: str | None) -> Project:
+    """Specs validated up front (all problems at once); target=None means every known target."""
+    layout = Layout(Path(artifacts).resolve())
+    use_memo(layout.cache / "hashes.json")
+    names = [target] if target else known_targets()
+    targets = tuple(load_target(n) for n in names)
+    specs = load_models(Path(models).resolve(), memo_dir=layout.cache)
+    return Project(layout, specs, targets)
+
+
+# ----------------------------------------------------------------------------- per stage
+def _golden_files(layout: Layout, model: ModelSpec) -> dict:
+    folder = layout.model_stage(model.name, "golden")
+    n_out = len(model.signature["outputs"])
+    files = {"golden.json": folder / "golden.json"}
+    for name in golden.outputs_for(len(model.inputs), n_out)[1:]:
+        files[f"golden:{name}"] = folder / name
+    return files
+
+
+def import_step(layout: Layout, model: ModelSpec) -> Step:
+    return Step(stage="import", name=model.name, version=import_model.VERSION,
+                config={"opset": model.opset}, inputs={"source": model.source},
+                outputs=import_model.OUTPUTS, out_dir=layout.model_stage(model.name, "import"),
+                tools=("onnx",), action=import_model.run, layout=layout,
+                doc=f"check {model.source.name} and normalise it to opset >= {model.opset}",
+                where={"model": model.name})
+
+
+def golden_step(layout: Layout, model: ModelSpec) -> Step:
+    inputs = {"source": model.source}
+    for spec in model.inputs:
+        if spec.test_data.kind == "file":
+            inputs[f"test_data:{spec.name}"] = spec.test_data.file
+    n_out = len(model.signature["outputs"])
+    return Step(stage="golden", name=model.name, version=golden.VERSION,
+                config={"inputs": [i.as_dict() for i in model.inputs], "n_outputs": n_out},
+                inputs=inputs, outputs=golden.outputs_for(len(model.inputs), n_out),
+                out_dir=layout.model_stage(model.name, "golden"),
+                tools=("onnxruntime", "numpy"), action=golden.run, layout=layout,
+                doc="onnxruntime CPU outputs of the source model on the fixed test inputs",
+                where={"model": model.name}, after=(f"import:{model.name}",))
+
+
+def static_step(layout: Layout, model: ModelSpec) -> Step:
+    inputs = {"model": layout.model_stage(model.name, "import") / "model.onnx",
+              **_golden_files(layout, model)}
+    return Step(stage="static", name=model.name, version=static.VERSION,
+                config={"inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
+                                   for i in model.inputs],
+                        "tolerance": model.tolerance.as_dict()},
+                inputs=inputs, outputs=static.OUTPUTS,
+                out_dir=layout.model_stage(model.name, "static"),
+                tools=("onnx", "onnxsim", "onnxruntime", "numpy"), action=static.run,
+                layout=layout, doc="bind shapes, simplify (onnxsim), check against golden",
+                where={"model": model.name})
+
+
+def _abi_name(model: ModelSpec, target: TargetSpec, abi) -> str:
+    return f"{target.name}/{model.name}/{abi.name}"
+
+
+def compile_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> Step:
+    return Step(stage="iree_compile", name=_abi_name(model, target, abi),
+                version=iree_compile.VERSION,
+                config={**abi.compile_config(), "entry": static.ENTRY},
+                inputs={"model": layout.model_stage(model.name, "static") / "model.onnx"},
+                outputs=iree_compile.OUTPUTS,
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "iree_compile"),
+                tools=("iree-base-compiler", "onnx"), action=iree_compile.run, layout=layout,
+                doc=f"IREE {abi.backend} for {abi.triple} ({abi.cpu})",
+                where={"model": model.name, "target": f"{target.name}/{abi.name}"})
+
+
+def validate_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> Step:
+    compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
+    tools = (("iree-base-runtime", "numpy") if abi.run["via"] == "python"
+             else ("iree-runtime-aarch64", "qemu-aarch64-static", "numpy"))
+    return Step(stage="validate", name=_abi_name(model, target, abi), version=validate.VERSION,
+                config={"run": abi.run, "entry": static.ENTRY, "arch": abi.arch,
+                        "tolerance": model.tolerance.as_dict()},
+                inputs={"vmfb": compiled / "model.vmfb", **_golden_files(layout, model)},
+                outputs=validate.OUTPUTS,
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
+                tools=tools, action=validate.run, layout=layout,
+                doc=f"run the artifact ({abi.run['via']}) and compare with golden",
+                where={"model": model.name, "target": f"{target.name}/{abi.name}"})
+
+
+def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetSpec) -> Step:
+    inputs = {}
+    for model in models:
+        inputs[f"{model.name}:static.json"] = layout.model_stage(model.name, "static") / "static.json"
+        inputs[f"{model.name}:static.onnx"] = layout.model_stage(model.name, "static") / "model.onnx"
+        inputs[f"{model.name}:golden.json"] = layout.model_stage(model.name, "golden") / "golden.json"
+        for abi in target.abis:
+            prefix = f"{model.name}:{abi.name}"
+            compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
+            checked = layout.artifact_stage(target.name, model.name, abi.name, "validate")
+            inputs[f"{prefix}:model.vmfb"] = compiled / "model.vmfb"
+            inputs[f"{prefix}:compile.json"] = compiled / "compile.json"
+            inputs[f"{prefix}:compile.step"] = compiled / "step.json"
+            inputs[f"{prefix}:validation.json"] = checked / "validation.json"
+            inputs[f"{prefix}:validate.step"] = checked / "step.json"
+    models_cfg = [{"name": m.name, "description": m.description,
+                   "source": {"file": m.source.name, "sha256": m.source_sha256},
+                   "licenses": [p.name for p in m.licenses]} for m in models]
+    target_cfg = {"name": target.name, "description": target.description,
+                  "definition_sha256": target.sha256,
+                  "abis": [{"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis]}
+    return Step(stage="manifest", name=target.name, version=manifest.VERSION,
+                config={"target": target_cfg, "models": models_cfg}, inputs=inputs,
+                outputs=manifest.OUTPUTS, out_dir=layout.root / target.name, tools=(),
+                action=manifest.run, layout=layout, owns_dir=False,
+                doc=f"artifacts/{target.name}/manifest.json: every validated artifact with its sha256",
+                where={"target": target.name})
+
+
+STAGE_STEPS = {"import": import_step, "golden": golden_step, "static": static_step,
+               "iree_compile": compile_step, "validate": validate_step}
+STAGES = ("import", "golden", "static", "iree_compile", "validate", "manifest")

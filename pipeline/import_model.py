@@ -1,0 +1,57 @@
+"""Stage `import`: read the source model, check it with onnx.checker, normalise its opset.
+
+(The module is not called import.py: `import` is a Python keyword.)
+Opsets below the spec's `opset` (default 17) are upgraded with onnx.version_converter (old
+PaddlePaddle exports at opset 11 need it before IREE takes them); newer opsets are kept as
+they are, never downgraded.
+"""
+from __future__ import annotations
+
+import collections
+import json
+
+VERSION = 1
+OUTPUTS = ("model.onnx", "import.json")
+
+
+def main_opset(model) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def run(ctx) -> None:
+    import onnx
+    from onnx import version_converter
+
+    source = ctx.input("source")
+    try:
+        model = onnx.load(str(source))
+    except Exception as exc:
+        raise ctx.error(f"{source.name} is not a readable ONNX model: {str(exc).splitlines()[0]}",
+                        hint="check that source.path points at the .onnx file itself")
+    if model.ir_version <= 0 or not model.graph.node:
+        raise ctx.error(f"{source.name} holds no ONNX graph (ir_version or nodes missing)",
+                        hint="check that source.path points at the .onnx file itself")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ctx.error(f"onnx.checker rejects {source.name}: {str(exc).splitlines()[0]}",
+                        hint="re-export the model with a current exporter")
+    source_opset = main_opset(model)
+    wanted = ctx.config["opset"]
+    if source_opset < wanted:
+        try:
+            model = version_converter.convert_version(model, wanted)
+            onnx.checker.check_model(model)
+        except Exception as exc:
+            raise ctx.error(f"cannot convert opset {source_opset} -> {wanted}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                            hint="set `opset:` in the model spec to a version the converter reaches")
+    ops = collections.Counter(
+        (n.domain or "ai.onnx") + "::" + n.op_type if n.domain not in ("", "ai.onnx") else n.op_type
+        for n in model.graph.node)
+    ctx.output("model.onnx").write_bytes(model.SerializeToString(deterministic=True))
+    report = {"source_opset": source_opset, "opset": main_opset(model),
+              "ir_version": model.ir_version, "producer": model.producer_name,
+              "graph_name": model.graph.name, "nodes": len(model.graph.node),
+              "ops": dict(sorted(ops.items()))}
+    ctx.output("import.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

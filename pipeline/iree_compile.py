@@ -1,0 +1,67 @@
+"""Stage `iree_compile`: static ONNX -> MLIR (iree-import-onnx) -> .vmfb for one target ABI.
+
+The command line is a pure function of the ABI's config (`compile_argv`). Reproducibility:
+the MLIR is always named model.mlir and source maps and debug symbols are stripped, so the
+same model and flags give byte-identical .vmfb files in any folder.
+When IREE cannot lower an op, the error lists the ONNX ops it could not legalize.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from .tools import describe_exit, run_tool, tail
+
+VERSION = 1
+OUTPUTS = ("model.vmfb", "compile.json")
+REPRODUCIBLE_FLAGS = ("--iree-vm-bytecode-module-strip-source-map",
+                      "--iree-llvmcpu-debug-symbols=false")
+_ILLEGAL_OP = re.compile(r"failed to legalize operation 'torch\.operator'.*?name = \"onnx\.(\w+)\"")
+
+
+def compile_flags(config: dict) -> list[str]:
+    """The iree-compile flags for an ABI config, without file names."""
+    flags = ["--iree-hal-target-device=local",
+             f"--iree-hal-local-target-device-backends={config['backend']}",
+             f"--iree-llvmcpu-target-triple={config['triple']}",
+             f"--iree-llvmcpu-target-cpu={config['cpu']}"]
+    if config["cpu_features"]:
+        flags.append(f"--iree-llvmcpu-target-cpu-features={','.join(config['cpu_features'])}")
+    return flags + list(REPRODUCIBLE_FLAGS) + list(config["flags"])
+
+
+def compile_argv(compiler: str, config: dict, mlir: Path, out: Path) -> list[str]:
+    return [compiler, str(mlir), *compile_flags(config), "-o", str(out)]
+
+
+def unsupported_ops(log_text: str) -> list[str]:
+    return sorted(set(_ILLEGAL_OP.findall(log_text)))
+
+
+def run(ctx) -> None:
+    from iree.compiler.tools.binaries import find_tool
+
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    mlir = ctx.scratch / "model.mlir"
+    run_tool([sys.executable, "-m", "iree.compiler.tools.import_onnx",
+              str(ctx.input("model")), "-o", str(mlir)],
+             log=ctx.log, what="iree-import-onnx", **where)
+    vmfb = ctx.output("model.vmfb")
+    argv = compile_argv(find_tool("iree-compile"), ctx.config, mlir, vmfb)
+    result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, **where)
+    mlir.unlink(missing_ok=True)
+    if result.returncode != 0:
+        ops = unsupported_ops(result.output)
+        if ops:
+            raise ctx.error(f"IREE ({ctx.config['backend']}) cannot compile these ONNX ops: "
+                            f"{', '.join(ops)}", log=True,
+                            hint="replace those ops in the model (or export it differently), or "
+                                 "leave the model out of this target")
+        raise ctx.error(f"iree-compile failed ({describe_exit(result.returncode)}):\n"
+                        f"{tail(result.output)}", log=True,
+                        hint="read the log; the flags come from the target's ABI definition")
+    report = {"compiler": "iree", "flags": compile_flags(ctx.config), "entry": ctx.config["entry"],
+              "size": vmfb.stat().st_size}
+    ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

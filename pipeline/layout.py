@@ -1,0 +1,50 @@
+"""The only code that knows where artifacts live.
+
+    artifacts/
+      models/<model>/<stage>/          target-independent steps: import, golden, static
+      <target>/<model>/<abi>/<stage>/  per-target steps: iree_compile, validate
+      <target>/manifest.json           what ships for the target, each file with its sha256
+      logs/<stage>/<step>.log          the tools' own output, kept for diagnosis
+      .store/                          content-addressed step outputs (see store.py)
+      .cache/                          hash memo, model signatures (safe to delete)
+      .doit.db                         doit's own state (safe to delete)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path  # the artifacts folder
+
+    def model_stage(self, model: str, stage: str) -> Path:
+        return self.root / "models" / model / stage
+
+    def artifact_stage(self, target: str, model: str, abi: str, stage: str) -> Path:
+        return self.root / target / model / abi / stage
+
+    def manifest(self, target: str) -> Path:
+        return self.root / target / "manifest.json"
+
+    def log(self, stage: str, step: str) -> Path:
+        return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"
+
+    @property
+    def store(self) -> Path:
+        return self.root / ".store"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / ".cache"
+
+    @property
+    def doit_db(self) -> Path:
+        return self.root / ".doit.db"
+
+    def relative(self, path: Path) -> str:
+        """A path as written in manifests: relative to the artifacts folder, never absolute."""
+        return Path(path).resolve().relative_to(self.root.resolve()).as_posix()

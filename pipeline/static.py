@@ -1,0 +1,115 @@
+"""Stage `static`: bind every input dim, simplify with onnxsim, infer shapes, prove nothing changed.
+
+Dynamic dims never reach a compiler (IREE fails on them, or silently returns 1x1x0x0). After
+simplification every tensor of the graph must have a fully static shape, and onnxruntime must
+give the golden outputs on the static model within the model's tolerance: onnxsim is known to
+break some models, so it is never trusted blindly. The graph is renamed `main`, the entry
+point of every compiled artifact.
+"""
+from __future__ import annotations
+
+import collections
+import json
+
+VERSION = 1
+OUTPUTS = ("model.onnx", "static.json")
+ENTRY = "main"
+
+
+def _dims(value_info) -> list:
+    tt = value_info.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+            for d in tt.shape.dim]
+
+
+def dynamic_tensors(model) -> list[str]:
+    """Names (with dims) of graph tensors whose shape is unknown or not fully static."""
+    bad = []
+    seen = set()
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        seen.add(vi.name)
+        if not vi.type.HasField("tensor_type"):
+            continue
+        dims = _dims(vi)
+        if dims is None:
+            bad.append(f"{vi.name} (unknown shape)")
+        elif any(not isinstance(d, int) for d in dims):
+            bad.append(f"{vi.name} {dims}")
+    produced = {o for n in model.graph.node for o in n.output if o}
+    inits = {t.name for t in model.graph.initializer}
+    for name in sorted(produced - seen - inits):
+        bad.append(f"{name} (no shape inferred)")
+    return bad
+
+
+def bind_inputs(model, shapes: dict) -> None:
+    """Write the spec's shapes into the graph inputs; drop stale value_info and output dims."""
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for size in shapes[vi.name]:
+                dims.add().dim_value = size
+    del model.graph.value_info[:]  # old exports carry -1 dims here that contradict the new shapes
+    for vi in model.graph.output:
+        for d in vi.type.tensor_type.shape.dim:
+            d.Clear()
+
+
+def run(ctx) -> None:
+    import onnx
+    import onnxsim
+    from . import golden
+    from .numerics import compare, describe_failures, summary
+
+    model = onnx.load(str(ctx.input("model")))
+    shapes = {i["name"]: i["shape"] for i in ctx.config["inputs"]}
+    nodes_before = len(model.graph.node)
+    bind_inputs(model, shapes)
+    try:
+        model, ok = onnxsim.simplify(model, overwrite_input_shapes=shapes)
+    except Exception as exc:
+        raise ctx.error(f"onnxsim failed: {str(exc).strip().splitlines()[-1]}",
+                        hint="check the input shapes in the spec; the model may not accept them")
+    if not ok:
+        raise ctx.error("onnxsim could not verify its simplified model",
+                        hint="check the input shapes in the spec")
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise ctx.error(f"shape inference failed on the simplified model: "
+                        f"{str(exc).strip().splitlines()[-1]}",
+                        hint="the input shapes in the spec may not be ones the model accepts")
+    dynamic = dynamic_tensors(model)
+    if dynamic:
+        shown = ", ".join(dynamic[:8]) + (f" and {len(dynamic) - 8} more" if len(dynamic) > 8 else "")
+        raise ctx.error(f"dynamic dims remain after binding the inputs and simplifying: {shown}",
+                        hint="the shape depends on data at run time; such a model cannot be "
+                             "compiled statically as it is")
+    model.graph.name = ENTRY
+    onnx.checker.check_model(model)
+    data = model.SerializeToString(deterministic=True)
+    ctx.output("model.onnx").write_bytes(data)
+
+    doc, ins, expected = golden.load(ctx)
+    try:
+        sess = golden.session(ctx.output("model.onnx"))
+        actual = sess.run(None, {e["name"]: a for e, a in zip(doc["inputs"], ins)})
+    except Exception as exc:
+        raise ctx.error(f"onnxruntime cannot run the simplified model: "
+                        f"{str(exc).strip().splitlines()[-1]}")
+    result = compare(actual, expected, [o["name"] for o in doc["outputs"]], ctx.config["tolerance"])
+    if not result["passed"]:
+        raise ctx.error(f"the simplified model differs from the original in onnxruntime: "
+                        f"{describe_failures(result)} ({summary(result)})",
+                        hint="onnxsim changed the numerics; report the model, or loosen "
+                             "`tolerance` if the difference is acceptable")
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    report = {"nodes_before": nodes_before, "nodes": len(model.graph.node),
+              "ops": dict(sorted(ops.items())), "entry": ENTRY,
+              "inputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.input],
+              "outputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.output],
+              "vs_original": result}
+    ctx.output("static.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,70 @@
+"""Stage `validate`: run the very artifact that ships on the golden inputs and compare.
+
+How an artifact runs is the ABI's `run.via`:
+  python  this machine's IREE Python runtime, in a child process (x86_64 artifacts);
+  qemu    the target's own IREE runtime (aarch64 wheel) under qemu-user-static -- the shipped
+          bytes, emulated: correct numerics, meaningless timings.
+validation.json records what ran, where and how, and the error figures against the tolerance.
+A mismatch fails the step and leaves no validation.json behind.
+"""
+from __future__ import annotations
+
+import json
+import platform
+
+from . import golden
+from .numerics import compare, describe_failures, summary
+from .tools import aarch64_runtime, distribution_version, python_module_argv, qemu_aarch64, run_tool
+
+VERSION = 1
+OUTPUTS = ("validation.json",)
+
+
+def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) -> tuple[list, dict]:
+    """The command that runs `vmfb`, and a description of where and how it ran."""
+    run = config["run"]
+    if run["via"] == "python":
+        argv = python_module_argv("pipeline.iree_run", "--module", str(vmfb), "--function",
+                                  config["entry"], "--device", run["device"],
+                                  *[a for p in inputs for a in ("--input", str(p))],
+                                  *[a for p in outputs for a in ("--output", str(p))])
+        executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
+                    "device": run["device"], "emulated": False,
+                    "where": f"{platform.machine()} build host, natively"}
+        return argv, executed
+    rt = aarch64_runtime(**where)
+    argv = [qemu_aarch64(**where), "-L", "/usr/aarch64-linux-gnu", "-cpu", run["qemu_cpu"],
+            str(rt.run_module), f"--device={run['device']}", f"--module={vmfb}",
+            f"--function={config['entry']}",
+            *[f"--input=@{p}" for p in inputs], *[f"--output=@{p}" for p in outputs]]
+    executed = {"runtime": f"iree-run-module {rt.version} (aarch64 wheel)",
+                "device": run["device"], "emulated": True,
+                "where": f"qemu-aarch64-static -cpu {run['qemu_cpu']} on the "
+                         f"{platform.machine()} build host"}
+    return argv, executed
+
+
+def run(ctx) -> None:
+    import numpy as np
+
+    doc, _, expected = golden.load(ctx)
+    inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
+    outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    argv, executed = runner_argv(ctx.config, ctx.input("vmfb"), inputs, outputs, where)
+    run_tool(argv, log=ctx.log, what=f"running the artifact ({executed['where']})",
+             hint="read the log; an INCOMPATIBLE error means the artifact was built for "
+                  "another device than the one running it", timeout=1800, **where)
+    actual = [np.load(p, allow_pickle=False) for p in outputs]
+    for p in outputs:
+        p.unlink()
+    names = [o["name"] for o in doc["outputs"]]
+    result = compare(actual, expected, names, ctx.config["tolerance"])
+    if not result["passed"]:
+        raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
+                        f"({summary(result)})",
+                        hint="the compiled artifact is numerically wrong for this tolerance: "
+                             "try without the ABI's optional flags, or report it to IREE")
+    report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
+              "outputs": result["outputs"]}
+    ctx.output("validation.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
