@@ -2,7 +2,8 @@
 
     doit build target=rk3588        build, validate and list every model of models/ for a target
     doit list                       the stages; `doit list --all` every step
-Variables: target=NAME (default: every known target), models=DIR, artifacts=DIR.
+Variables: target=NAME (default: every known target), models=DIR (default models/),
+artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/).
 """
 import sys
 
@@ -15,7 +16,8 @@ from pipeline.steps import doit_task
 try:
     PROJECT = load_project(models=get_var("models", "models"),
                            artifacts=get_var("artifacts", "artifacts"),
-                           target=get_var("target", None))
+                           target=get_var("target", None),
+                           targets_dir=get_var("targets", None))
 except PipelineError as err:
     print(f"modelyard: {err.render()}", file=sys.stderr)
     raise SystemExit(2)

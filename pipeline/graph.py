@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import golden, import_model, iree_compile, manifest, static, validate
-from .errors import PipelineError
-from .layout import REPO, Layout
-from .spec import ModelSpec, TargetSpec, known_targets, load_models, load_target
+from .layout import Layout
+from .spec import TARGETS_DIR, ModelSpec, TargetSpec, known_targets, load_models, load_target
 from .steps import Step
 from .store import use_memo
 
@@ -37,12 +36,14 @@ class Project:
         return out
 
 
-def load_project(models: str | Path, artifacts: str | Path, target: str | None) -> Project:
+def load_project(models: str | Path, artifacts: str | Path, target: str | None,
+                 targets_dir: str | Path | None = None) -> Project:
     """Specs validated up front (all problems at once); target=None means every known target."""
     layout = Layout(Path(artifacts).resolve())
     use_memo(layout.cache / "hashes.json")
-    names = [target] if target else known_targets()
-    targets = tuple(load_target(n) for n in names)
+    targets_dir = Path(targets_dir).resolve() if targets_dir else TARGETS_DIR
+    names = [target] if target else known_targets(targets_dir)
+    targets = tuple(load_target(n, targets_dir) for n in names)
     specs = load_models(Path(models).resolve(), memo_dir=layout.cache)
     return Project(layout, specs, targets)
 

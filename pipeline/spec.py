@@ -31,6 +31,14 @@ except AttributeError:  # pragma: no cover - libyaml missing
     _Loader = yaml.SafeLoader
 
 
+def display(path: Path) -> str:
+    """A path as shown in messages: relative to the working folder when under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 # ----------------------------------------------------------------------------- model specs
 @dataclass(frozen=True)
 class Tolerance:
@@ -124,7 +132,7 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
     """Parse and check one model spec; returns (spec or None, problems)."""
     problems = _Problems()
     name = spec_path.parent.name
-    where = str(spec_path)
+    where = display(spec_path)
     if not NAME_RE.match(name):
         problems.append(f"{spec_path.parent}: model folder name must match {NAME_RE.pattern}")
     raw = _read_yaml(spec_path, problems)
@@ -404,18 +412,20 @@ _ARCHES = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
 
 
 def known_targets(targets_dir: Path = TARGETS_DIR) -> list[str]:
-    return sorted(p.stem for p in targets_dir.glob("*.yaml"))
+    return sorted(p.stem for p in Path(targets_dir).glob("*.yaml"))
 
 
 def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> TargetSpec:
+    targets_dir = Path(targets_dir)
     known = known_targets(targets_dir)
     if name not in known:
         raise PipelineError(f"unknown target {name!r}; known targets: {', '.join(known)}",
-                            stage="spec", hint=f"add {targets_dir}/{name}.yaml or pick a known one")
+                            stage="spec", hint=f"say target=NAME with a known name, or add "
+                                               f"{display(targets_dir / name)}.yaml")
     path = targets_dir / f"{name}.yaml"
     problems = _Problems()
     raw = _read_yaml(path, problems)
-    where = str(path)
+    where = display(path)
     abis = []
     if isinstance(raw, dict):
         problems.unknown(where, raw, _TARGET_KEYS)
