@@ -31,6 +31,8 @@ class Project:
                 for target in self.targets:
                     for abi in target.abis:
                         out.append(STAGE_STEPS[stage](self.layout, model, target, abi))
+                        if stage == "iree_compile" and abi.run["via"] == "twin":
+                            out.append(compile_step(self.layout, model, target, abi, twin=True))
         if stage == "manifest":
             out = [manifest_step(self.layout, self.models, t) for t in self.targets]
         return out
@@ -43,7 +45,7 @@ def load_project(models: str | Path, artifacts: str | Path, target: str | None,
     use_memo(layout.cache / "hashes.json")
     targets_dir = Path(targets_dir).resolve() if targets_dir else TARGETS_DIR
     names = [target] if target else known_targets(targets_dir)
-    targets = tuple(load_target(n, targets_dir) for n in names)
+    targets = tuple(load_target(n, targets_dir, memo_dir=layout.cache) for n in names)
     specs = load_models(Path(models).resolve(), memo_dir=layout.cache)
     return Project(layout, specs, targets)
 
@@ -100,30 +102,44 @@ def _abi_name(model: ModelSpec, target: TargetSpec, abi) -> str:
     return f"{target.name}/{model.name}/{abi.name}"
 
 
-def compile_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> Step:
-    return Step(stage="iree_compile", name=_abi_name(model, target, abi),
+def compile_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi, twin: bool = False) -> Step:
+    """The shipped artifact; or (twin=True) its runnable twin: same model and flags, another device."""
+    config = abi.twin_config() if twin else abi.compile_config()
+    if abi.backend == "vulkan-spirv":
+        doc = f"IREE Vulkan SPIR-V for {config['vulkan_target']}" + (" (validation twin)" if twin else "")
+    else:
+        doc = f"IREE {abi.backend} for {abi.triple} ({abi.cpu})"
+    return Step(stage="iree_compile", name=_abi_name(model, target, abi) + ("/twin" if twin else ""),
                 version=iree_compile.VERSION,
-                config={**abi.compile_config(), "entry": static.ENTRY},
+                config={**config, "entry": static.ENTRY},
                 inputs={"model": layout.model_stage(model.name, "static") / "model.onnx"},
                 outputs=iree_compile.OUTPUTS,
-                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "iree_compile"),
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name,
+                                              "twin_compile" if twin else "iree_compile"),
                 tools=("iree-base-compiler", "onnx"), action=iree_compile.run, layout=layout,
-                doc=f"IREE {abi.backend} for {abi.triple} ({abi.cpu})",
-                where={"model": model.name, "target": f"{target.name}/{abi.name}"})
+                doc=doc, where={"model": model.name, "target": f"{target.name}/{abi.name}"})
 
 
 def validate_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> Step:
     compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
-    tools = (("iree-base-runtime", "numpy") if abi.run["via"] == "python"
-             else ("iree-runtime-aarch64", "qemu-aarch64-static", "numpy"))
+    inputs = {"vmfb": compiled / "model.vmfb", **_golden_files(layout, model)}
+    via = abi.run["via"]
+    if via == "twin":
+        inputs["twin.vmfb"] = layout.artifact_stage(target.name, model.name, abi.name,
+                                                    "twin_compile") / "model.vmfb"
+    tools = {"python": ("iree-base-runtime", "numpy"),
+             "qemu": ("iree-runtime-aarch64", "qemu-aarch64-static", "numpy"),
+             "vulkan": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}"),
+             "twin": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}")}[via]
     return Step(stage="validate", name=_abi_name(model, target, abi), version=validate.VERSION,
-                config={"run": abi.run, "entry": static.ENTRY, "arch": abi.arch,
+                config={"run": abi.run, "entry": static.ENTRY, "backend": abi.backend,
                         "tolerance": model.tolerance.as_dict()},
-                inputs={"vmfb": compiled / "model.vmfb", **_golden_files(layout, model)},
+                inputs=inputs,
                 outputs=validate.OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
                 tools=tools, action=validate.run, layout=layout,
-                doc=f"run the artifact ({abi.run['via']}) and compare with golden",
+                doc=(f"run the twin ({abi.run.get('twin')}) on {abi.run.get('driver')} and compare with golden"
+                     if via == "twin" else f"run the artifact ({via}) and compare with golden"),
                 where={"model": model.name, "target": f"{target.name}/{abi.name}"})
 
 
@@ -146,7 +162,7 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
                    "source": {"file": m.source.name, "sha256": m.source_sha256},
                    "licenses": [p.name for p in m.licenses]} for m in models]
     target_cfg = {"name": target.name, "description": target.description,
-                  "definition_sha256": target.sha256,
+                  "definition_sha256": target.sha256, "fallback": list(target.fallback),
                   "abis": [{"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis]}
     return Step(stage="manifest", name=target.name, version=manifest.VERSION,
                 config={"target": target_cfg, "models": models_cfg}, inputs=inputs,

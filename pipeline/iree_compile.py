@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
+from .store import canonical_json
 from .tools import describe_exit, run_tool, tail
 
 VERSION = 1
@@ -23,6 +25,11 @@ _ILLEGAL_OP = re.compile(r"failed to legalize operation 'torch\.operator'.*?name
 
 def compile_flags(config: dict) -> list[str]:
     """The iree-compile flags for an ABI config, without file names."""
+    if config["backend"] == "vulkan-spirv":
+        flags = ["--iree-hal-target-device=vulkan", f"--iree-vulkan-target={config['vulkan_target']}"]
+        if config["vulkan_features"]:
+            flags.append(f"--iree-vulkan-target-features={config['vulkan_features']}")
+        return flags + [REPRODUCIBLE_FLAGS[0]] + list(config["flags"])
     flags = ["--iree-hal-target-device=local",
              f"--iree-hal-local-target-device-backends={config['backend']}",
              f"--iree-llvmcpu-target-triple={config['triple']}",
@@ -34,6 +41,18 @@ def compile_flags(config: dict) -> list[str]:
 
 def compile_argv(compiler: str, config: dict, mlir: Path, out: Path) -> list[str]:
     return [compiler, str(mlir), *compile_flags(config), "-o", str(out)]
+
+
+def requirements(sources: Path) -> dict:
+    """Device requirements from the target IREE stamped on the dumped executables (all alike)."""
+    from .vulkan import parse_target_info
+    found = {}
+    for path in sorted(sources.glob("*.mlir")):
+        info = parse_target_info(path.read_text())
+        found[canonical_json(info)] = info
+    if len(found) != 1:
+        raise RuntimeError(f"expected one Vulkan target among the executables, found {len(found)}")
+    return next(iter(found.values()))
 
 
 def unsupported_ops(log_text: str) -> list[str]:
@@ -50,6 +69,9 @@ def run(ctx) -> None:
              log=ctx.log, what="iree-import-onnx", **where)
     vmfb = ctx.output("model.vmfb")
     argv = compile_argv(find_tool("iree-compile"), ctx.config, mlir, vmfb)
+    sources = ctx.scratch / "executables"
+    if ctx.config["backend"] == "vulkan-spirv":  # the compiler's own target record: requirements
+        argv.insert(-2, f"--iree-hal-dump-executable-sources-to={sources}")
     result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, **where)
     mlir.unlink(missing_ok=True)
     if result.returncode != 0:
@@ -59,9 +81,15 @@ def run(ctx) -> None:
                             f"{', '.join(ops)}", log=True,
                             hint="replace those ops in the model (or export it differently), or "
                                  "leave the model out of this target")
+        if "Unknown Vulkan target" in result.output:
+            raise ctx.error(f"IREE does not know the Vulkan target {ctx.config['vulkan_target']!r}",
+                            log=True, hint="fix vulkan_target in the target's YAML")
         raise ctx.error(f"iree-compile failed ({describe_exit(result.returncode)}):\n"
                         f"{tail(result.output)}", log=True,
                         hint="read the log; the flags come from the target's ABI definition")
     report = {"compiler": "iree", "flags": compile_flags(ctx.config), "entry": ctx.config["entry"],
               "size": vmfb.stat().st_size}
+    if ctx.config["backend"] == "vulkan-spirv":
+        report["requires"] = {"vulkan": requirements(sources)}
+        shutil.rmtree(sources)
     ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -46,7 +46,10 @@ def run(ctx) -> None:
                 "abi": abi,
                 "compile": {"step_key": compile_step["key"], "flags": compile_report["flags"],
                             "tools": compile_step["key_parts"]["tools"]},
+                "requires": compile_report.get("requires", {}),
                 "validation": {"status": validation["status"], "executed": validation["executed"],
+                               "shipped_bytes_executed": validation["shipped_bytes_executed"],
+                               **({"twin": validation["twin"]} if "twin" in validation else {}),
                                "tolerance": validation["tolerance"],
                                "outputs": validation["outputs"],
                                "step_key": validate_step["key"],
@@ -63,7 +66,7 @@ def run(ctx) -> None:
                              "ops": static["ops"]},
             "artifacts": artifacts,
         }
-    manifest = {"schema": SCHEMA, "target": {k: cfg["target"][k] for k in ("name", "description",
-                                                                           "definition_sha256")},
+    manifest = {"schema": SCHEMA, "target": {k: cfg["target"][k] for k in (
+                    "name", "description", "definition_sha256", "fallback")},
                 "models": models}
     ctx.output("manifest.json").write_text(pretty_json(manifest))

@@ -46,12 +46,27 @@ def versions(*names: str) -> dict[str, str]:
         elif name == "qemu-aarch64-static":
             exe = shutil.which(name)
             out[name] = f"sha256:{sha256_file(Path(exe))}" if exe else "missing"
+        elif name.startswith("vulkan-driver:"):
+            out[name] = vulkan_driver_fingerprint(name.split(":", 1)[1])
         elif name == "iree-runtime-aarch64":
             rt = aarch64_runtime(required=False)
             out[name] = rt.version if rt else "missing"
         else:
             raise ValueError(f"unknown tool {name!r}")
     return out
+
+
+def vulkan_driver_fingerprint(driver: str) -> str:
+    """The sha256 of the driver library a Mesa ICD manifest points at (memoised)."""
+    import json
+    from .vulkan import icd_file
+    icd = icd_file(driver)
+    if icd is None:
+        return "missing"
+    library = Path(json.loads(icd.read_text())["ICD"]["library_path"])
+    if not library.is_absolute():
+        library = icd.parent / library
+    return f"sha256:{sha256_file(library)}" if library.is_file() else "missing"
 
 
 def tail(text: str, lines: int = 25) -> str:

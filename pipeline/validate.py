@@ -12,17 +12,33 @@ from __future__ import annotations
 import json
 import platform
 
-from . import golden
+from . import golden, vulkan
+from .errors import PipelineError
+from .store import sha256_file
 from .numerics import compare, describe_failures, summary
-from .tools import aarch64_runtime, distribution_version, python_module_argv, qemu_aarch64, run_tool
+from .tools import (SETUP_HINT, aarch64_runtime, distribution_version, python_module_argv,
+                    qemu_aarch64, run_tool)
 
 VERSION = 1
 OUTPUTS = ("validation.json",)
 
 
-def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) -> tuple[list, dict]:
-    """The command that runs `vmfb`, and a description of where and how it ran."""
+def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) -> tuple[list, dict, dict | None]:
+    """The command that runs `vmfb`, a description of where and how it ran, and its environment."""
     run = config["run"]
+    if run["via"] in ("vulkan", "twin"):
+        env = vulkan.driver_env(run["driver"])
+        devices, why = vulkan.query_devices(env)
+        if not devices:
+            raise PipelineError(f"cannot run Vulkan artifacts here: {why}", hint=SETUP_HINT, **where)
+        argv = python_module_argv("pipeline.iree_run", "--module", str(vmfb), "--function",
+                                  config["entry"], "--device", "vulkan",
+                                  *[a for p in inputs for a in ("--input", str(p))],
+                                  *[a for p in outputs for a in ("--output", str(p))])
+        executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
+                    "device": devices[0].describe(), "emulated": False,
+                    "where": f"Vulkan driver {run['driver']} on the {platform.machine()} build host"}
+        return argv, executed, env
     if run["via"] == "python":
         argv = python_module_argv("pipeline.iree_run", "--module", str(vmfb), "--function",
                                   config["entry"], "--device", run["device"],
@@ -31,7 +47,7 @@ def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) ->
         executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
                     "device": run["device"], "emulated": False,
                     "where": f"{platform.machine()} build host, natively"}
-        return argv, executed
+        return argv, executed, None
     rt = aarch64_runtime(**where)
     argv = [qemu_aarch64(**where), "-L", "/usr/aarch64-linux-gnu", "-cpu", run["qemu_cpu"],
             str(rt.run_module), f"--device={run['device']}", f"--module={vmfb}",
@@ -41,7 +57,7 @@ def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) ->
                 "device": run["device"], "emulated": True,
                 "where": f"qemu-aarch64-static -cpu {run['qemu_cpu']} on the "
                          f"{platform.machine()} build host"}
-    return argv, executed
+    return argv, executed, None
 
 
 def run(ctx) -> None:
@@ -51,10 +67,13 @@ def run(ctx) -> None:
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    argv, executed = runner_argv(ctx.config, ctx.input("vmfb"), inputs, outputs, where)
-    run_tool(argv, log=ctx.log, what=f"running the artifact ({executed['where']})",
+    twin = ctx.config["run"]["via"] == "twin"
+    executable = ctx.input("twin.vmfb" if twin else "vmfb")
+    argv, executed, env = runner_argv(ctx.config, executable, inputs, outputs, where)
+    run_tool(argv, log=ctx.log, what=f"running the {'twin' if twin else 'artifact'} "
+             f"({executed['where']})", env=env,
              hint="read the log; an INCOMPATIBLE error means the artifact was built for "
-                  "another device than the one running it", timeout=1800, **where)
+                  "another device than the one running it", timeout=3600, **where)
     actual = [np.load(p, allow_pickle=False) for p in outputs]
     for p in outputs:
         p.unlink()
@@ -66,5 +85,15 @@ def run(ctx) -> None:
                         hint="the compiled artifact is numerically wrong for this tolerance: "
                              "try without the ABI's optional flags, or report it to IREE")
     report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
-              "outputs": result["outputs"]}
+              "outputs": result["outputs"], "shipped_bytes_executed": not twin}
+    if twin:
+        # The shipped bytes were not run: say exactly what was, and what is still owed.
+        report["status"] = "twin-passed"
+        report["twin"] = {"vulkan_target": ctx.config["run"]["twin"],
+                          "sha256": sha256_file(ctx.input("twin.vmfb")),
+                          "shipped_sha256": sha256_file(ctx.input("vmfb")),
+                          "why": "the shipped artifact assumes a device this machine does not "
+                                 "have (its kernels would run here and return wrong numbers)",
+                          "still_needed": "run the shipped artifact on the board and compare with "
+                                          "golden before relying on it"}
     ctx.output("validation.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
