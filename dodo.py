@@ -2,6 +2,9 @@
 
     doit build target=rk3588        build, validate and list every model of models/ for a target
     doit list                       the stages; `doit list --all` every step
+    doit release target=rk3588 version=1.2.0 key=PATH   a signed bundle in artifacts/releases/
+    doit verify bundle=PATH [pubkey=PATH] [into=DIR]    check (and unpack) a release bundle
+    doit keygen key=PATH            a new Ed25519 signing key pair (PATH and PATH.pub)
 Variables: target=NAME (default: every known target), models=DIR (default models/),
 artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/).
 """
@@ -9,9 +12,10 @@ import sys
 
 from doit import get_var
 
+from pipeline import release, signing, verify
 from pipeline.errors import PipelineError
 from pipeline.graph import load_project
-from pipeline.steps import doit_task
+from pipeline.steps import doit_call, doit_task
 
 try:
     PROJECT = load_project(models=get_var("models", "models"),
@@ -69,3 +73,25 @@ def task_manifest():
 def task_build():
     """build every model for target=NAME (default: all targets) and write its manifest"""
     return {"actions": None, "task_dep": [f"manifest:{t.name}" for t in PROJECT.targets]}
+
+
+def task_release():
+    """sign and bundle target=NAME's artifacts as version=X.Y.Z (key=PATH or $MODELYARD_SIGNING_KEY)"""
+    target = get_var("target", None)
+    return {"actions": [(doit_call, [release.run, PROJECT, target, get_var("version", None),
+                                     get_var("key", None)])],
+            "task_dep": [f"manifest:{target}"] if target else [],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_verify():
+    """check a release bundle=PATH (folder or .tar.gz) [pubkey=PATH] [into=DIR: unpack it there]"""
+    return {"actions": [(doit_call, [verify.verify, get_var("bundle", None), get_var("pubkey", None),
+                                     get_var("into", None)])],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_keygen():
+    """write a new Ed25519 signing key pair: key=PATH (private, 0600) and PATH.pub"""
+    return {"actions": [(doit_call, [signing.keygen, get_var("key", None)])],
+            "uptodate": [False], "verbosity": 2}

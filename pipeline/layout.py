@@ -4,6 +4,7 @@
       models/<model>/<stage>/          target-independent steps: import, golden, static
       <target>/<model>/<abi>/<stage>/  per-target steps: iree_compile, validate
       <target>/manifest.json           what ships for the target, each file with its sha256
+      releases/<target>/<version>/     signed, immutable release bundles (see release.py)
       logs/<stage>/<step>.log          the tools' own output, kept for diagnosis
       .store/                          content-addressed step outputs (see store.py)
       .cache/                          hash memo, model signatures (safe to delete)
@@ -29,6 +30,13 @@ class Layout:
 
     def manifest(self, target: str) -> Path:
         return self.root / target / "manifest.json"
+
+    def release(self, target: str, version: str) -> Path:
+        return self.root / "releases" / target / version
+
+    def scratch(self, stage: str, name: str) -> Path:
+        """Where a stage writes before publishing by rename (same file system as its outputs)."""
+        return self.root / ".tmp" / stage / name.replace("/", "__")
 
     def log(self, stage: str, step: str) -> Path:
         return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"

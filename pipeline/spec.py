@@ -88,6 +88,7 @@ class ModelSpec:
     description: str = ""
     licenses: tuple[Path, ...] = ()
     signature: dict = field(default_factory=dict, compare=False, hash=False)
+    release: dict = field(default_factory=dict, compare=False, hash=False)  # see _release()
 
     @property
     def dir(self) -> Path:
@@ -97,11 +98,14 @@ class ModelSpec:
         return [i.test_data.file for i in self.inputs if i.test_data.kind == "file"]
 
 
-_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset"}
+_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release"}
 _SOURCE_KEYS = {"path", "sha256"}
 _INPUT_KEYS = {"shape", "dtype", "test_data"}
 _TOLERANCE_KEYS = {"max_abs", "mean_abs", "cosine"}
 _RANDOM_KEYS = {"seed", "low", "high"}
+_RELEASE_KEYS = {"waivers", "io"}
+_WAIVER_KEYS = {"abi", "reason", "target", "status"}
+_IO_KEYS = {"inputs": {"layout", "preprocessing"}, "outputs": {"layout", "postprocessing"}}
 
 
 class _Problems(list):
@@ -243,13 +247,64 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
                             f"{signature['error']}")
         elif ins is not None:
             _check_against_model(signature, raw.get("inputs") or {}, inputs, where, problems)
+    release = _release(raw.get("release"), signature, where, problems)
 
     if problems:
         return None, list(problems)
     return ModelSpec(name=name, spec_path=spec_path.resolve(), source=source,
                      source_sha256=source_sha, inputs=tuple(inputs), tolerance=tolerance,
                      opset=opset, description=str(raw.get("description", "")),
-                     licenses=tuple(p.resolve() for p in licenses), signature=signature), []
+                     licenses=tuple(p.resolve() for p in licenses), signature=signature,
+                     release=release), []
+
+
+def _release(raw, signature: dict, where: str, problems: _Problems) -> dict:
+    """The optional `release:` section: waivers for artifacts not validated on their own bytes,
+    and the I/O contract that the model file cannot say (layout, pre/postprocessing) per tensor:
+
+        release:
+          waivers: [{abi: NAME, reason: TEXT, target: NAME?, status: twin-passed?}]
+          io: {x: {layout: NCHW, preprocessing: TEXT}, y: {layout: NC, postprocessing: TEXT}}
+    """
+    where = f"{where}: release"
+    if raw is None:
+        return {"waivers": [], "io": {}}
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping with waivers and/or io")
+        return {}
+    problems.unknown(where, raw, _RELEASE_KEYS)
+    waivers = raw.get("waivers") or []
+    if not isinstance(waivers, list):
+        problems.append(f"{where}.waivers: expected a list of {{abi, reason}} mappings")
+        waivers = []
+    for k, waiver in enumerate(waivers):
+        ww = f"{where}.waivers[{k}]"
+        if not isinstance(waiver, dict):
+            problems.append(f"{ww}: expected a mapping with abi and reason")
+            continue
+        problems.unknown(ww, waiver, _WAIVER_KEYS)
+        for key in ("abi", "reason"):
+            if not isinstance(waiver.get(key), str) or not waiver[key].strip():
+                problems.append(f"{ww}.{key}: required, a non-empty string")
+        for key in ("target", "status"):
+            if key in waiver and not isinstance(waiver[key], str):
+                problems.append(f"{ww}.{key}: expected a string, got {waiver[key]!r}")
+    io = raw.get("io") or {}
+    if not isinstance(io, dict):
+        problems.append(f"{where}.io: expected a mapping of tensor name -> layout, pre/postprocessing")
+        io = {}
+    kinds = {t["name"]: kind for kind in _IO_KEYS for t in signature.get(kind, [])}
+    for name, body in io.items():
+        iw = f"{where}.io.{name}"
+        if signature and name not in kinds:
+            problems.append(f"{iw}: the model has no input or output named {name!r} "
+                            f"(it has: {', '.join(kinds)})")
+        elif not isinstance(body, dict) or not all(isinstance(v, str) for v in body.values()):
+            problems.append(f"{iw}: expected a mapping of strings (layout, pre/postprocessing)")
+        elif name in kinds:
+            problems.unknown(iw, body, _IO_KEYS[kinds[name]])
+    return {"waivers": [dict(w) for w in waivers if isinstance(w, dict)],
+            "io": {str(k): dict(v) for k, v in io.items() if isinstance(v, dict)}}
 
 
 def _test_data(raw, spec_path: Path, where: str, problems: _Problems) -> TestData | None:

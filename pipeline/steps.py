@@ -114,7 +114,7 @@ def execute(step: Step) -> str:
     if is_done(step, key):
         return "fresh"
     store = Store(step.layout.store)
-    scratch = step.layout.root / ".tmp" / step.stage / step.name.replace("/", "__")
+    scratch = step.layout.scratch(step.stage, step.name)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     try:
@@ -171,6 +171,17 @@ def doit_action(step: Step):
     from doit.exceptions import TaskFailed
     try:
         execute(step)
+    except PipelineError as err:
+        return TaskFailed(err.render())
+    return None
+
+
+def doit_call(fn: Callable, *args):
+    """A python-action for commands that are not steps (release, verify): prints what `fn`
+    returns; a PipelineError becomes a one-paragraph TaskFailed."""
+    from doit.exceptions import TaskFailed
+    try:
+        print(fn(*args))
     except PipelineError as err:
         return TaskFailed(err.render())
     return None
