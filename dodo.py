@@ -1,14 +1,17 @@
 """doit wiring for modelyard: DOIT_CONFIG and one task_<stage>() per stage. Logic lives in pipeline/.
 
     doit build target=rk3588        build, validate and list every model of models/ for a target
+    doit bench target=host          time the target's runnable artifacts against onnxruntime
     doit list                       the stages; `doit list --all` every step
 Variables: target=NAME (default: every known target), models=DIR (default models/),
 artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/).
+bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PCT gate=0|1.
 """
 import sys
 
 from doit import get_var
 
+from pipeline import bench
 from pipeline.errors import PipelineError
 from pipeline.graph import load_project
 from pipeline.steps import doit_task
@@ -69,3 +72,14 @@ def task_manifest():
 def task_build():
     """build every model for target=NAME (default: all targets) and write its manifest"""
     return {"actions": None, "task_dep": [f"manifest:{t.name}" for t in PROJECT.targets]}
+
+
+def task_bench():
+    """time target=NAME's runnable artifacts against onnxruntime; write bench.json and report.html"""
+    target = get_var("target", None)  # required: without it the action says so, naming the targets
+    known = [t.name for t in PROJECT.targets]
+    return {"actions": [(bench.doit_action, [PROJECT.layout, target,
+                                             {v: get_var(v, None) for v in bench.VARS}, known])],
+            "task_dep": [f"manifest:{target}"] if target else [],
+            "uptodate": [False],  # a measurement, never cached
+            "verbosity": 2}

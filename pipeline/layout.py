@@ -4,6 +4,9 @@
       models/<model>/<stage>/          target-independent steps: import, golden, static
       <target>/<model>/<abi>/<stage>/  per-target steps: iree_compile, validate
       <target>/manifest.json           what ships for the target, each file with its sha256
+      <target>/<model>/<abi>/bench/<sha256>.json   `doit bench` result for that artifact (measured,
+                                       not built: rewritten on every bench run)
+      <target>/bench.json, report.html the last bench run of the target: summary and report
       logs/<stage>/<step>.log          the tools' own output, kept for diagnosis
       .store/                          content-addressed step outputs (see store.py)
       .cache/                          hash memo, model signatures (safe to delete)
@@ -29,6 +32,15 @@ class Layout:
 
     def manifest(self, target: str) -> Path:
         return self.root / target / "manifest.json"
+
+    def bench_result(self, target: str, model: str, abi: str, sha256: str) -> Path:
+        return self.root / target / model / abi / "bench" / f"{sha256}.json"
+
+    def bench_summary(self, target: str) -> Path:
+        return self.root / target / "bench.json"
+
+    def bench_report(self, target: str) -> Path:
+        return self.root / target / "report.html"
 
     def log(self, stage: str, step: str) -> Path:
         return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"
