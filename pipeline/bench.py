@@ -534,8 +534,10 @@ def table(summary: dict) -> list[str]:
     if reg:
         for row in reg["rows"]:
             if "change_pct" in row:
-                lines.append(f"vs baseline: {row['model']}/{row['abi']} p50 {row['baseline_p50_ms']}"
-                             f" -> {row['p50_ms']} ms ({row['change_pct']:+.1f}%): {row['status']}")
+                lines.append(f"vs baseline: {row['model']}/{row['abi']} p50 "
+                             f"{_fmt(row['baseline_p50_ms'])} -> {_fmt(row['p50_ms'])} ms "
+                             f"({row['change_pct']:+.1f}%), ratio {row['baseline_ratio']:.2f}x -> "
+                             f"{row['ratio']:.2f}x: {row['status']}")
             else:
                 lines.append(f"vs baseline: {row['model']}/{row['abi']}: {row['status']}")
         lines.append(f"regressions (p50 worse by more than {reg['threshold_pct']:g}%): "
