@@ -1,18 +1,20 @@
 """doit wiring for modelyard: DOIT_CONFIG and one task_<stage>() per stage. Logic lives in pipeline/.
 
     doit build target=rk3588        build, validate and list every model of models/ for a target
+    doit bench target=host          time the target's runnable artifacts against onnxruntime
     doit list                       the stages; `doit list --all` every step
     doit release target=rk3588 version=1.2.0 key=PATH   a signed bundle in artifacts/releases/
     doit verify bundle=PATH [pubkey=PATH] [into=DIR]    check (and unpack) a release bundle
     doit keygen key=PATH            a new Ed25519 signing key pair (PATH and PATH.pub)
 Variables: target=NAME (default: every known target), models=DIR (default models/),
 artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/).
+bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PCT gate=0|1.
 """
 import sys
 
 from doit import get_var
 
-from pipeline import release, signing, verify
+from pipeline import bench, release, signing, verify
 from pipeline.errors import PipelineError
 from pipeline.graph import load_project
 from pipeline.steps import doit_call, doit_task
@@ -95,3 +97,14 @@ def task_keygen():
     """write a new Ed25519 signing key pair: key=PATH (private, 0600) and PATH.pub"""
     return {"actions": [(doit_call, [signing.keygen, get_var("key", None)])],
             "uptodate": [False], "verbosity": 2}
+
+
+def task_bench():
+    """time target=NAME's runnable artifacts against onnxruntime; write bench.json and report.html"""
+    target = get_var("target", None)  # required: without it the action says so, naming the targets
+    known = [t.name for t in PROJECT.targets]
+    return {"actions": [(bench.doit_action, [PROJECT.layout, target,
+                                             {v: get_var(v, None) for v in bench.VARS}, known])],
+            "task_dep": [f"manifest:{target}"] if target else [],
+            "uptodate": [False],  # a measurement, never cached
+            "verbosity": 2}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for modelyard (run as root; idempotent: a second run changes nothing).
 #   1. system packages: qemu-user-static and the aarch64 C/C++ runtime (to run aarch64 artifacts),
-#      Mesa lavapipe + the Vulkan loader (headless Vulkan), python3-venv when missing;
+#      Mesa lavapipe + the Vulkan loader (headless Vulkan), Chromium (the bench report's render
+#      test runs it headless), python3-venv when missing;
 #   2. a virtual environment .venv with the Python packages pinned in pyproject.toml;
 #   3. the aarch64 IREE runtime of the same version, unpacked into .tools/ (run under qemu-user).
 set -euo pipefail
@@ -11,7 +12,7 @@ say() { printf 'setup: %s\n' "$*"; }
 
 # --- 1. system packages ------------------------------------------------------------------
 APT_PACKAGES=(qemu-user-static libc6-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross
-              mesa-vulkan-drivers libvulkan1 vulkan-tools unzip)
+              mesa-vulkan-drivers libvulkan1 vulkan-tools unzip chromium)
 PYTHON=${PYTHON:-}
 if [ -z "$PYTHON" ]; then
   for candidate in python3.11 python3.12 python3.10 python3; do

@@ -5,6 +5,9 @@
       <target>/<model>/<abi>/<stage>/  per-target steps: iree_compile, validate
       <target>/manifest.json           what ships for the target, each file with its sha256
       releases/<target>/<version>/     signed, immutable release bundles (see release.py)
+      <target>/<model>/<abi>/bench/<sha256>.json   `doit bench` result for that artifact (measured,
+                                       not built: rewritten on every bench run)
+      <target>/bench.json, report.html the last bench run of the target: summary and report
       logs/<stage>/<step>.log          the tools' own output, kept for diagnosis
       .store/                          content-addressed step outputs (see store.py)
       .cache/                          hash memo, model signatures (safe to delete)
@@ -37,6 +40,15 @@ class Layout:
     def scratch(self, stage: str, name: str) -> Path:
         """Where a stage writes before publishing by rename (same file system as its outputs)."""
         return self.root / ".tmp" / stage / name.replace("/", "__")
+
+    def bench_result(self, target: str, model: str, abi: str, sha256: str) -> Path:
+        return self.root / target / model / abi / "bench" / f"{sha256}.json"
+
+    def bench_summary(self, target: str) -> Path:
+        return self.root / target / "bench.json"
+
+    def bench_report(self, target: str) -> Path:
+        return self.root / target / "report.html"
 
     def log(self, stage: str, step: str) -> Path:
         return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"
