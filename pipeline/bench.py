@@ -196,6 +196,55 @@ class IreeCpuRunner:
         return {"copy_in": t1 - t0, "invoke": t2 - t1, "read_back": t3 - t2}, outputs
 
 
+class IreeVulkanRunner(IreeCpuRunner):
+    """A Vulkan .vmfb through the IREE Python runtime, on the driver it was validated on.
+
+    Same phases as the CPU runner; read back copies through a host-visible staging buffer
+    (pipeline.runtime.to_host), the workaround for iree-base-runtime 3.13's `to_host()` failure
+    on Vulkan drivers. The driver is pinned with VK_DRIVER_FILES before IREE creates its instance.
+    """
+
+    def __init__(self, vmfb: Path, entry: str, driver: str, threads: int,
+                 clock: Callable[[], int] = time.perf_counter_ns):
+        import iree.runtime as rt
+        from . import vulkan
+        env = vulkan.driver_env(driver)
+        for key in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "XDG_RUNTIME_DIR"):
+            if key in env:
+                os.environ[key] = env[key]
+        devices, why = vulkan.query_devices(env)
+        if not devices:
+            raise PipelineError(f"cannot bench on Vulkan driver {driver!r}: {why}", stage=STAGE)
+        self.vk_device = devices[0].describe()
+        self.rt, self.clock, self.driver, self.threads = rt, clock, "vulkan", threads
+        self.device = rt.get_driver("vulkan").create_default_device()
+        config = rt.Config(device=self.device)
+        self.context = rt.SystemContext(config=config)
+        self.context.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(vmfb)))
+        self.function = self.context.modules.module[entry]
+
+    def describe(self) -> dict:
+        return {"kind": "iree-vulkan", "runtime": f"iree-base-runtime "
+                f"{distribution_version('iree-base-runtime')} (Python)",
+                "driver": "vulkan", "device": self.vk_device, "threads": self.threads,
+                "phases": {"copy_in": "iree.runtime.asdevicearray(device, input) per input",
+                           "invoke": "entry function call (returns when the results are ready)",
+                           "read_back": "staging-buffer copy per output (pipeline.runtime.to_host)"}}
+
+    def __call__(self, inputs: list) -> tuple[dict, list]:
+        from .runtime import to_host
+        clock, rt = self.clock, self.rt
+        t0 = clock()
+        on_device = [rt.asdevicearray(self.device, a) for a in inputs]
+        t1 = clock()
+        results = self.function(*on_device)
+        results = results if isinstance(results, (tuple, list)) else (results,)
+        t2 = clock()
+        outputs = [to_host(r) for r in results]
+        t3 = clock()
+        return {"copy_in": t1 - t0, "invoke": t2 - t1, "read_back": t3 - t2}, outputs
+
+
 class OnnxruntimeCpuRunner:
     """The baseline a user would otherwise pick: onnxruntime's CPU provider, numpy in and out.
 
@@ -231,7 +280,8 @@ class OnnxruntimeCpuRunner:
 
 
 # IREE driver name -> runner class. A Vulkan runner (pipeline/runtime.py) registers "vulkan" here.
-RUNNERS: dict[str, type] = {"local-task": IreeCpuRunner, "local-sync": IreeCpuRunner}
+RUNNERS: dict[str, type] = {"local-task": IreeCpuRunner, "local-sync": IreeCpuRunner,
+                            "vulkan": IreeVulkanRunner}
 
 
 # ----------------------------------------------------------------------------- plan
@@ -252,8 +302,17 @@ def plan(manifest: dict, runners: dict = RUNNERS) -> list[Planned]:
             val = art.get("validation", {})
             executed = val.get("executed", {})
             device = executed.get("device")
-            if val.get("status") != "passed":
+            if val.get("status") == "twin-passed":
+                out.append(Planned(model, abi, art, None, "shipped bytes cannot run here "
+                                   "(validated through a twin); time it on the board"))
+            elif val.get("status") != "passed":
                 out.append(Planned(model, abi, art, None, "not validated"))
+            elif art["abi"]["backend"] == "vulkan-spirv":
+                driver = art["abi"]["run"].get("driver")
+                if "vulkan" in runners:
+                    out.append(Planned(model, abi, art, runners["vulkan"]))
+                else:
+                    out.append(Planned(model, abi, art, None, f"no Vulkan runner for {driver!r} here"))
             elif executed.get("emulated"):
                 out.append(Planned(model, abi, art, None, "emulated"))
             elif art["abi"]["run"].get("via") != "python" or device not in runners:
@@ -340,8 +399,9 @@ def bench_artifact(layout: Layout, target: str, item: Planned, manifest: dict,
     inputs = [np.load(golden_dir / e["file"], allow_pickle=False) for e in doc["inputs"]]
     expected = [np.load(golden_dir / e["file"], allow_pickle=False) for e in doc["outputs"]]
 
-    runner = item.runner(vmfb, art["entry"], art["validation"]["executed"]["device"],
-                         options.usable_threads())
+    device = (art["abi"]["run"]["driver"] if art["abi"]["backend"] == "vulkan-spirv"
+              else art["validation"]["executed"]["device"])
+    runner = item.runner(vmfb, art["entry"], device, options.usable_threads())
     baseline = OnnxruntimeCpuRunner(static, [e["name"] for e in doc["inputs"]], runner.threads)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     m = measure(runner, baseline, inputs, options)

@@ -30,6 +30,8 @@ class Project:
             elif stage in ("iree_compile", "validate"):
                 for target in self.targets:
                     for abi in target.abis:
+                        if model.skip_reason(abi.name):
+                            continue
                         out.append(STAGE_STEPS[stage](self.layout, model, target, abi))
                         if stage == "iree_compile" and abi.run["via"] == "twin":
                             out.append(compile_step(self.layout, model, target, abi, twin=True))
@@ -150,6 +152,8 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
         inputs[f"{model.name}:static.onnx"] = layout.model_stage(model.name, "static") / "model.onnx"
         inputs[f"{model.name}:golden.json"] = layout.model_stage(model.name, "golden") / "golden.json"
         for abi in target.abis:
+            if model.skip_reason(abi.name):
+                continue
             prefix = f"{model.name}:{abi.name}"
             compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
             checked = layout.artifact_stage(target.name, model.name, abi.name, "validate")
@@ -160,7 +164,9 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
             inputs[f"{prefix}:validate.step"] = checked / "step.json"
     models_cfg = [{"name": m.name, "description": m.description,
                    "source": {"file": m.source.name, "sha256": m.source_sha256},
-                   "licenses": [p.name for p in m.licenses]} for m in models]
+                   "licenses": [p.name for p in m.licenses],
+                   "skipped": {a.name: m.skip_reason(a.name) for a in target.abis
+                               if m.skip_reason(a.name)}} for m in models]
     target_cfg = {"name": target.name, "description": target.description,
                   "definition_sha256": target.sha256, "fallback": list(target.fallback),
                   "abis": [{"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis]}

@@ -31,6 +31,8 @@ def run(ctx) -> None:
         golden = _json(ctx, f"{name}:golden.json")
         artifacts = {}
         for abi in cfg["target"]["abis"]:
+            if abi["name"] in model["skipped"]:
+                continue
             prefix = f"{name}:{abi['name']}"
             vmfb = ctx.input(f"{prefix}:model.vmfb")
             compile_step = _json(ctx, f"{prefix}:compile.step")
@@ -65,6 +67,7 @@ def run(ctx) -> None:
             "static_model": {"sha256": sha256_file(ctx.input(f"{name}:static.onnx")),
                              "ops": static["ops"]},
             "artifacts": artifacts,
+            "skipped": model["skipped"],  # ABI -> why this model is not built for it
         }
     manifest = {"schema": SCHEMA, "target": {k: cfg["target"][k] for k in (
                     "name", "description", "definition_sha256", "fallback")},

@@ -213,12 +213,13 @@ def _contract(spec, io: dict) -> dict:
 def _artifact(art: dict, file: str, waiver: dict | None) -> dict:
     abi = art["abi"]
     iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
+    vulkan = art.get("requires", {}).get("vulkan")
     requires = {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
                                  "install": f"pip install iree-base-runtime=={iree}"},
-                "device": abi["run"]["device"],
+                "hal_driver": "vulkan" if vulkan else abi["run"]["device"],
                 **{k: v for k, v in abi.items() if k not in ("name", "flags", "run", "compiler")}}
-    if "vulkan" in art:  # Vulkan artifacts carry their API version, target and features
-        requires["vulkan"] = art["vulkan"]
+    if vulkan:  # API/SPIR-V version, device features and subgroup size, as IREE compiled for
+        requires["vulkan"] = vulkan
     emulated = art["validation"]["executed"].get("emulated")
     benchmark = art.get("benchmark") or {
         "status": "not measured",
@@ -227,7 +228,8 @@ def _artifact(art: dict, file: str, waiver: dict | None) -> dict:
     return {"file": file, "sha256": art["sha256"], "size": art["size"], "format": art["format"],
             "entry": art["entry"], "requires": requires, "compile_flags": art["compile"]["flags"],
             "validation": {k: art["validation"][k]
-                           for k in ("status", "executed", "tolerance", "outputs")},
+                           for k in ("status", "executed", "tolerance", "outputs",
+                                     "shipped_bytes_executed", "twin") if k in art["validation"]},
             "benchmark": benchmark, "waiver": waiver}
 
 

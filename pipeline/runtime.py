@@ -8,8 +8,9 @@
 The target's fallback order (manifest `target.fallback`) is walked in order; the first artifact
 whose requirements the present machine meets is loaded:
   * Vulkan artifacts: a Vulkan device must exist and meet the artifact's recorded requirements
-    (API/SPIR-V version, features, subgroup size). `vulkan_driver="lavapipe"` pins the Mesa
-    software driver (headless CI); otherwise the loader's first device is used.
+    (API/SPIR-V version, features, subgroup size). The loader's first device is used, but a
+    software rasterizer (lavapipe) is never picked on its own: `vulkan_driver="lavapipe"` pins
+    the Mesa software driver (headless CI, tests).
   * CPU artifacts: native when built for this machine's architecture; an aarch64 artifact on an
     x86_64 machine runs under qemu-user when `allow_emulation` (slow, for checks only).
 `prefer="abi-name"` overrides the order: that artifact or a clear error, never a silent switch.
@@ -117,6 +118,9 @@ class Runner:
                                     f"{', '.join(order)})", stage=STAGE, **where)
             order = [prefer]
         considered, vk_cache = [], {}
+        if prefer is None:
+            considered += [(abi, f"not built for this model: {why}")
+                           for abi, why in sorted(entry_doc.get("skipped", {}).items())]
         for abi in order:
             art = artifacts[abi]
             why = cls._why_not(art, vulkan_driver, allow_emulation, vk_cache)
@@ -144,6 +148,9 @@ class Runner:
             devices, why = cls._vk_devices(driver, cache)
             if not devices:
                 return why
+            if devices[0].type == "cpu" and driver is None:
+                return (f"the only Vulkan device is {devices[0].name}, a software rasterizer, "
+                        f"not a GPU (pass vulkan_driver='lavapipe' to use it anyway)")
             problems = vulkan.meets(art["requires"]["vulkan"], devices[0])
             return f"{devices[0].name}: " + "; ".join(problems) if problems else None
         machine = platform.machine()

@@ -89,6 +89,15 @@ class ModelSpec:
     licenses: tuple[Path, ...] = ()
     signature: dict = field(default_factory=dict, compare=False, hash=False)
     release: dict = field(default_factory=dict, compare=False, hash=False)  # see _release()
+    skip: tuple = ()  # ((ABI name pattern, reason), ...): ABIs this model is not built for
+
+    def skip_reason(self, abi: str) -> str | None:
+        """Why this model is not built for `abi` (a declared, recorded decision), or None."""
+        import fnmatch
+        for pattern, reason in self.skip:
+            if fnmatch.fnmatchcase(abi, pattern):
+                return reason
+        return None
 
     @property
     def dir(self) -> Path:
@@ -98,7 +107,7 @@ class ModelSpec:
         return [i.test_data.file for i in self.inputs if i.test_data.kind == "file"]
 
 
-_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release"}
+_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release", "skip"}
 _SOURCE_KEYS = {"path", "sha256"}
 _INPUT_KEYS = {"shape", "dtype", "test_data"}
 _TOLERANCE_KEYS = {"max_abs", "mean_abs", "cosine"}
@@ -248,6 +257,13 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
         elif ins is not None:
             _check_against_model(signature, raw.get("inputs") or {}, inputs, where, problems)
     release = _release(raw.get("release"), signature, where, problems)
+    skip = raw.get("skip") or {}
+    if not isinstance(skip, dict) or not all(isinstance(k, str) and isinstance(v, str) and v.strip()
+                                             for k, v in skip.items()):
+        problems.append(f"{where}: skip: expected a mapping of ABI name pattern -> the reason "
+                        f"(e.g. 'vulkan-*': 'IREE miscompiles ...'); a skip without a reason is "
+                        f"not allowed")
+        skip = {}
 
     if problems:
         return None, list(problems)
@@ -255,7 +271,8 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
                      source_sha256=source_sha, inputs=tuple(inputs), tolerance=tolerance,
                      opset=opset, description=str(raw.get("description", "")),
                      licenses=tuple(p.resolve() for p in licenses), signature=signature,
-                     release=release), []
+                     release=release, skip=tuple(sorted((k, " ".join(v.split()))
+                                                        for k, v in skip.items()))), []
 
 
 def _release(raw, signature: dict, where: str, problems: _Problems) -> dict:

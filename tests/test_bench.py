@@ -214,7 +214,7 @@ def test_regression_against_a_baseline_is_flagged_and_gates(benched, tmp_path):
 def test_bad_input_gives_clear_errors(benched, tmp_path):
     ws, _ = benched
     cases = {
-        ("bench",): "doit bench needs target=NAME (known targets: host, rk3588)",
+        ("bench",): "doit bench needs target=NAME (known targets: host, rk3588, rpi5)",
         ("bench", "target=host", f"baseline={tmp_path / 'none.json'}"):
             f"baseline file not found: {tmp_path / 'none.json'}",
         ("bench", "target=host", "iterations=many"): "bench option iterations='many' is not valid",
@@ -234,7 +234,7 @@ def test_bad_input_gives_clear_errors(benched, tmp_path):
         assert "Traceback" not in out
     unknown = ws.doit("bench", "target=rk3399")
     assert unknown.returncode != 0
-    assert "unknown target 'rk3399'; known targets: host, rk3588" in unknown.stderr
+    assert "unknown target 'rk3399'; known targets: host, rk3588, rpi5" in unknown.stderr
 
 
 def test_emulated_artifacts_are_listed_never_timed(tmp_path):

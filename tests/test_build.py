@@ -139,7 +139,7 @@ def test_unknown_target_lists_known_ones(workspace):
     add_tiny_model(workspace.models, "alpha")
     result = workspace.build("target=rk3399", check=False)
     assert result.returncode != 0
-    assert "unknown target 'rk3399'; known targets: host, rk3588" in result.stderr
+    assert "unknown target 'rk3399'; known targets: host, rk3588, rpi5" in result.stderr
 
 
 def test_killed_step_leaves_nothing_mistaken_for_done(workspace):

@@ -26,6 +26,9 @@ RELEASE_SPEC = """release:
   io:
     x: {layout: NCHW, preprocessing: "RGB, 16x16, scaled to [-1, 1]"}
     y: {layout: NC, postprocessing: softmax over 10 classes}
+  waivers:
+    - {abi: vulkan-mali-g610, target: rk3588, status: twin-passed,
+       reason: "valhall3 kernels need a Mali; checked through the llvmpipe twin on lavapipe"}
 """
 VMFB = "models/alpha/cpu-x86_64/model.vmfb"
 

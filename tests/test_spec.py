@@ -90,23 +90,27 @@ def test_a_folder_without_spec_is_reported(tmp_path):
 
 
 def test_targets_are_data():
-    assert known_targets() == ["host", "rk3588"]
+    assert known_targets() == ["host", "rk3588", "rpi5"]
     rk = load_target("rk3588")
-    (abi,) = rk.abis
+    assert rk.fallback == ("vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64")
+    abi = {a.name: a for a in rk.abis}["cpu-aarch64"]
     assert (abi.arch, abi.cpu, abi.triple) == ("aarch64", "cortex-a55", "aarch64-linux-gnu")
+    mali = {a.name: a for a in rk.abis}["vulkan-mali-g610"]
+    assert (mali.vulkan_target, mali.run["via"], mali.run["twin"]) == ("valhall3", "twin", "llvmpipe")
     assert abi.run == {"via": "qemu", "device": "local-task", "qemu_cpu": "cortex-a76"}
     host = load_target("host")
     assert host.abis[0].run["via"] == "python"
 
 
 def test_unknown_target_and_bad_target_file(tmp_path):
-    with pytest.raises(PipelineError, match="unknown target 'nope'; known targets: host, rk3588"):
+    with pytest.raises(PipelineError, match="unknown target 'nope'; known targets: host, rk3588, rpi5"):
         load_target("nope")
     (tmp_path / "board.yaml").write_text(
         "abis:\n  cpu:\n    compiler: iree\n    backend: llvm-cpu\n    arch: riscv\n"
-        "    cpu: x\n    colour: red\n    run: {via: qemu}\n")
+        "    cpu: x\n    colour: red\n    run: {via: qemu}\nfallback: [cpu, gpu]\n")
     with pytest.raises(SpecError) as info:
         load_target("board", tmp_path)
     text = "\n".join(info.value.problems)
     assert "abis.cpu: unknown key 'colour'" in text
     assert "abis.cpu.arch: 'riscv' is not one of" in text
+    assert "fallback: must list every ABI exactly once" in text

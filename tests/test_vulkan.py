@@ -1,0 +1,198 @@
+"""Vulkan ABIs: requirements from IREE's target record, twin validation on lavapipe, fallback
+order, the runtime helper's choice, and the errors a wrong device or driver must give."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, Workspace, add_tiny_model, require, require_aarch64, sha256
+from pipeline import vulkan
+from pipeline.errors import PipelineError, SpecError
+from pipeline.spec import load_target
+
+VALHALL3 = ('iree_gpu.target<arch = "valhall3", features = "spirv:v1.6,cap:Shader", wgp = <compute = '
+            'fp32|fp16|int32|int16|int8, storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, '
+            'dot = dp4xi8toi32, subgroup_size_choices = [16], max_workgroup_sizes = [512, 512, 512], '
+            'max_thread_count_per_workgroup = 512, max_workgroup_memory_bytes = 32768, '
+            'max_workgroup_counts = [65535, 65535, 65535]>>}>')
+BASELINE = ('iree_gpu.target<arch = "vp_android_baseline_2022", features = "spirv:v1.3,cap:Shader", '
+            'wgp = <compute = fp32|int32, storage = b32, subgroup = none, subgroup_size_choices = [64], '
+            'max_workgroup_sizes = [128, 128, 64], max_thread_count_per_workgroup = 128, '
+            'max_workgroup_memory_bytes = 16384, max_workgroup_counts = [65535, 65535, 65535]>>}>')
+LAVAPIPE = vulkan.VulkanDevice(
+    name="llvmpipe (LLVM 15.0.6, 256 bits)", api="1.3.230", type="cpu", driver="llvmpipe",
+    features={"shaderFloat16": True, "shaderInt8": True, "storageBuffer16BitAccess": True,
+              "storageBuffer8BitAccess": True, "subgroupSizeControl": True},
+    subgroup_size=8, min_subgroup_size=8, max_subgroup_size=8, subgroup_operations=0xbf)
+
+
+def test_requirements_come_from_the_compiler_target_record():
+    req = vulkan.parse_target_info(VALHALL3)
+    assert (req["arch"], req["spirv_version"], req["vulkan_api"]) == ("valhall3", "1.6", "1.3")
+    assert req["subgroup_size"] == [16] and req["subgroup_operations"] == ["shuffle", "arithmetic"]
+    assert req["device_features"] == ["shaderFloat16", "shaderInt8", "storageBuffer16BitAccess",
+                                      "storageBuffer8BitAccess"]
+    base = vulkan.parse_target_info(BASELINE)
+    assert (base["vulkan_api"], base["subgroup_size"], base["device_features"]) == ("1.1", [], [])
+
+
+def test_requirement_matching():
+    valhall = vulkan.parse_target_info(VALHALL3)
+    why = vulkan.meets(valhall, LAVAPIPE)
+    assert why == ["compiled for subgroup size [16], device offers 8..8 (it would run and return "
+                   "wrong numbers)"]
+    assert vulkan.meets(vulkan.parse_target_info(BASELINE), LAVAPIPE) == []
+    old = vulkan.VulkanDevice(name="PanVK", api="1.1.0", type="integrated-gpu", driver="panvk",
+                              features={}, subgroup_size=16, min_subgroup_size=16,
+                              max_subgroup_size=16, subgroup_operations=0x1)
+    why = vulkan.meets(valhall, old)
+    assert "needs Vulkan 1.3 (SPIR-V 1.6), device has 1.1.0" in why and "needs shaderFloat16" in why
+    assert "needs subgroup shuffle operations" in why
+    assert vulkan.meets(vulkan.parse_target_info(BASELINE), old) == []
+
+
+def test_lavapipe_is_seen_through_the_iree_runtime():
+    devices, why = vulkan.query_devices(vulkan.driver_env("lavapipe"))
+    require(bool(devices), f"lavapipe missing (./setup.sh installs mesa-vulkan-drivers): {why}")
+    assert devices[0].driver == "llvmpipe" and devices[0].subgroup_size == 8
+    env = vulkan.driver_env(None)
+    env["VK_DRIVER_FILES"] = env["VK_ICD_FILENAMES"] = "/nonexistent/icd.json"
+    devices, why = vulkan.query_devices(env)
+    assert devices == [] and "no usable Vulkan driver" in why
+
+
+def test_unknown_vulkan_target_is_a_spec_error(tmp_path):
+    text = (REPO / "pipeline/targets/rk3588.yaml").read_text().replace("valhall3", "mali-g610")
+    (tmp_path / "board.yaml").write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_target("board", tmp_path)
+    assert "abis.vulkan-mali-g610: vulkan_target 'mali-g610': IREE 3.13.0 rejects it" in str(info.value)
+    assert "Mali-G610 is 'valhall3'" in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def rk3588_build(tmp_path_factory):
+    require_aarch64()
+    ws = Workspace(tmp_path_factory.mktemp("vk"))
+    add_tiny_model(ws.models, "alpha", seed=7)
+    ws.build("target=rk3588")
+    return ws
+
+
+def test_rk3588_ships_valhall3_with_a_validated_twin(rk3588_build):
+    ws = rk3588_build
+    doc = json.loads((ws.artifacts / "rk3588/manifest.json").read_text())
+    assert doc["target"]["fallback"] == ["vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64"]
+    arts = doc["models"]["alpha"]["artifacts"]
+    mali = arts["vulkan-mali-g610"]
+    assert sha256(ws.artifacts / mali["path"]) == mali["sha256"]
+    assert mali["requires"]["vulkan"]["arch"] == "valhall3"
+    assert mali["requires"]["vulkan"]["subgroup_size"] == [16]
+    val = mali["validation"]
+    assert val["status"] == "twin-passed" and val["shipped_bytes_executed"] is False
+    assert val["twin"]["vulkan_target"] == "llvmpipe" and val["twin"]["shipped_sha256"] == mali["sha256"]
+    assert val["twin"]["sha256"] != mali["sha256"] and "on the board" in val["twin"]["still_needed"]
+    assert "llvmpipe" in val["executed"]["device"] and val["outputs"][0]["max_abs"] < 1e-4
+    base = arts["vulkan-baseline"]
+    assert base["validation"]["status"] == "passed" and base["validation"]["shipped_bytes_executed"]
+    assert base["requires"]["vulkan"]["vulkan_api"] == "1.1"
+    assert arts["cpu-aarch64"]["validation"]["executed"]["emulated"] is True
+
+
+def _runner(ws, code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """The runtime helper in a fresh process: the Vulkan loader reads its environment once."""
+    env = dict(os.environ, **(env_extra or {}))
+    prog = ("import sys, json, numpy as np\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            "from pipeline.runtime import Runner\n"
+            "from pipeline.errors import PipelineError\n"
+            f"M = {str(ws.artifacts / 'rk3588/manifest.json')!r}\n"
+            f"X = np.load({str(ws.artifacts / 'models/alpha/golden/input_0.npy')!r})\n"
+            f"Y = np.load({str(ws.artifacts / 'models/alpha/golden/output_0.npy')!r})\n" + code)
+    return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_runtime_chooses_cpu_without_a_gpu_and_vulkan_on_lavapipe(rk3588_build):
+    auto = _runner(rk3588_build, "r = Runner.open(M, 'alpha')\nprint(r.choice.explain())\n"
+                                 "print('ERR', float(np.abs(r.run(X)[0] - Y).max()))")
+    assert auto.returncode == 0, auto.stderr
+    assert "chose cpu-aarch64" in auto.stdout and "emulated" in auto.stdout
+    assert "passed over vulkan-mali-g610" in auto.stdout and "software rasterizer" in auto.stdout
+    assert float(auto.stdout.split("ERR")[1]) < 1e-4
+    lvp = _runner(rk3588_build, "r = Runner.open(M, 'alpha', vulkan_driver='lavapipe')\n"
+                                "print(r.choice.explain())\n"
+                                "print('ERR', float(np.abs(r.run(X)[0] - Y).max()))\n"
+                                "print('ERR2', float(np.abs(r.run(X)[0] - Y).max()))")
+    assert lvp.returncode == 0, lvp.stderr
+    assert "chose vulkan-baseline" in lvp.stdout and "llvmpipe" in lvp.stdout
+    assert "passed over vulkan-mali-g610: llvmpipe (LLVM" in lvp.stdout
+    assert "compiled for subgroup size [16], device offers 8..8" in lvp.stdout
+    assert float(lvp.stdout.split("ERR")[1].split()[0]) < 1e-4
+    assert float(lvp.stdout.split("ERR2")[1]) < 1e-4  # loaded once, run twice
+
+
+def test_runtime_errors_are_clear(rk3588_build):
+    forced = _runner(rk3588_build, "try:\n    Runner.open(M, 'alpha', prefer='vulkan-mali-g610', "
+                                   "vulkan_driver='lavapipe')\nexcept PipelineError as e:\n    print(e)")
+    assert "no artifact of alpha can run on this machine" in forced.stdout
+    assert "subgroup size [16]" in forced.stdout and "wrong numbers" in forced.stdout
+    no_driver = _runner(rk3588_build, "try:\n    Runner.open(M, 'alpha', prefer='vulkan-baseline')\n"
+                                      "except PipelineError as e:\n    print(e)",
+                        {"VK_DRIVER_FILES": "/nonexistent.json", "VK_ICD_FILENAMES": "/nonexistent.json"})
+    assert "vulkan-baseline: no usable Vulkan driver" in no_driver.stdout, no_driver.stdout + no_driver.stderr
+    wrong = _runner(rk3588_build,
+                    "from pipeline.runtime import load_module\n"
+                    f"cpu = {str(rk3588_build.artifacts / 'rk3588/alpha/cpu-aarch64/iree_compile/model.vmfb')!r}\n"
+                    "try:\n    load_module(__import__('pathlib').Path(cpu), 'local-task', 'main', {'model': 'alpha'})\n"
+                    "except PipelineError as e:\n    print(e)")
+    assert "was built for another device than the IREE driver 'local-task' provides" in wrong.stdout, \
+        wrong.stdout + wrong.stderr
+    unknown = _runner(rk3588_build, "try:\n    Runner.open(M, 'alpha', prefer='npu')\n"
+                                    "except PipelineError as e:\n    print(e)")
+    assert "no artifact 'npu' for alpha" in unknown.stdout
+
+
+def test_validation_catches_iree_vulkan_miscompiling_the_classifier(tmp_path):
+    """IREE 3.13's SPIR-V code for this PP-OCR classifier subgraph runs without error and returns
+    wrong numbers. Validation must stop it. When this test fails, IREE fixed the bug: drop the
+    `skip:` of models/ppocr_cls/model.yaml."""
+    devices, why = vulkan.query_devices(vulkan.driver_env("lavapipe"))
+    require(bool(devices), f"lavapipe missing: {why}")
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    (targets / "gpu.yaml").write_text(
+        "abis:\n  vulkan-baseline:\n    compiler: iree\n    backend: vulkan-spirv\n"
+        "    vulkan_target: vp_android_baseline_2022\n    run: {via: vulkan, driver: lavapipe}\n")
+    ws = Workspace(tmp_path / "ws")
+    import shutil
+    shutil.copytree(REPO / "tests/fixtures/ppocr_cls_vulkan_bug", ws.models / "cls_part")
+    result = ws.build(f"targets={targets}", check=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "[model=cls_part target=gpu/vulkan-baseline stage=validate] outputs differ from golden" in out
+    max_abs = float(out.split("max_abs ")[1].split()[0])
+    assert max_abs > 1.0, out  # not a rounding difference: whole regions are wrong
+    assert not (ws.artifacts / "gpu/cls_part/vulkan-baseline/validate").exists()
+
+
+def test_a_skipped_abi_is_recorded_with_its_reason(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    spec = add_tiny_model(ws.models, "alpha", seed=2)
+    spec.write_text(spec.read_text() + "skip:\n  'vulkan-*': known IREE bug, see issue 12\n")
+    ws.build("target=rk3588")
+    doc = json.loads((ws.artifacts / "rk3588/manifest.json").read_text())
+    model = doc["models"]["alpha"]
+    assert sorted(model["artifacts"]) == ["cpu-aarch64"]
+    assert model["skipped"] == {"vulkan-baseline": "known IREE bug, see issue 12",
+                                "vulkan-mali-g610": "known IREE bug, see issue 12"}
+    bad = add_tiny_model(ws.models, "beta", seed=3)
+    bad.write_text(bad.read_text() + "skip:\n  'vulkan-*': ''\n")
+    result = ws.build("target=rk3588", check=False)
+    assert result.returncode != 0 and "a skip without a reason is not allowed" in result.stderr
