@@ -33,11 +33,13 @@ RUNTIME_MODULES = ("__init__.py", "errors.py", "vulkan.py", "runtime.py", "numer
 
 
 def _compile(find_tool, compile_flags, requirements, mlir: Path, cfg: dict, vmfb: Path) -> dict:
-    sources = vmfb.parent / f"{vmfb.stem}-executables"
-    subprocess.run([find_tool("iree-compile"), str(mlir), *compile_flags(cfg),
-                    f"--iree-hal-dump-executable-sources-to={sources}", "-o", str(vmfb)], check=True)
-    req = requirements(sources)
-    shutil.rmtree(sources)
+    argv = [find_tool("iree-compile"), mlir.name, *compile_flags(cfg)]  # relative, as the pipeline does
+    subprocess.run(argv + ["-o", str(vmfb)], check=True, cwd=mlir.parent)
+    sources = vmfb.with_suffix(".executables.mlir")
+    subprocess.run(argv + ["--compile-to=executable-sources", "-o", str(sources)], check=True,
+                   cwd=mlir.parent)
+    req = requirements(sources.read_text())
+    sources.unlink()
     return req
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 from .store import canonical_json
 from .tools import describe_exit, run_tool, tail
 
-VERSION = 1
+VERSION = 3
 OUTPUTS = ("model.vmfb", "compile.json")
 REPRODUCIBLE_FLAGS = ("--iree-vm-bytecode-module-strip-source-map",
                       "--iree-llvmcpu-debug-symbols=false")
@@ -43,16 +42,13 @@ def compile_argv(compiler: str, config: dict, mlir: Path, out: Path) -> list[str
     return [compiler, str(mlir), *compile_flags(config), "-o", str(out)]
 
 
-def requirements(sources: Path) -> dict:
-    """Device requirements from the target IREE stamped on the dumped executables (all alike)."""
-    from .vulkan import parse_target_info
-    found = {}
-    for path in sorted(sources.glob("*.mlir")):
-        info = parse_target_info(path.read_text())
-        found[canonical_json(info)] = info
+def requirements(text: str) -> dict:
+    """Device requirements from the target IREE stamped on the module's executables (all alike)."""
+    from .vulkan import TARGET_RE, parse_target_info
+    found = {canonical_json(parse_target_info(m.group(0))) for m in TARGET_RE.finditer(text)}
     if len(found) != 1:
         raise RuntimeError(f"expected one Vulkan target among the executables, found {len(found)}")
-    return next(iter(found.values()))
+    return json.loads(found.pop())
 
 
 def unsupported_ops(log_text: str) -> list[str]:
@@ -68,13 +64,12 @@ def run(ctx) -> None:
               str(ctx.input("model")), "-o", str(mlir)],
              log=ctx.log, what="iree-import-onnx", **where)
     vmfb = ctx.output("model.vmfb")
-    argv = compile_argv(find_tool("iree-compile"), ctx.config, mlir, vmfb)
-    sources = ctx.scratch / "executables"
-    if ctx.config["backend"] == "vulkan-spirv":  # the compiler's own target record: requirements
-        argv.insert(-2, f"--iree-hal-dump-executable-sources-to={sources}")
-    result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, **where)
-    mlir.unlink(missing_ok=True)
+    # Run in the scratch folder on a relative "model.mlir": some SPIR-V targets (llvmpipe) keep
+    # the source file name in the artifact, which must not depend on where the build happens.
+    argv = compile_argv(find_tool("iree-compile"), ctx.config, Path(mlir.name), vmfb)
+    result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch, **where)
     if result.returncode != 0:
+        mlir.unlink(missing_ok=True)
         ops = unsupported_ops(result.output)
         if ops:
             raise ctx.error(f"IREE ({ctx.config['backend']}) cannot compile these ONNX ops: "
@@ -90,6 +85,13 @@ def run(ctx) -> None:
     report = {"compiler": "iree", "flags": compile_flags(ctx.config), "entry": ctx.config["entry"],
               "size": vmfb.stat().st_size}
     if ctx.config["backend"] == "vulkan-spirv":
-        report["requires"] = {"vulkan": requirements(sources)}
-        shutil.rmtree(sources)
+        # The compiler's own target record, from a cheap second run that stops after creating
+        # the executables. (Dumping sources during the real compile would embed their paths.)
+        sources = ctx.scratch / "executables.mlir"
+        run_tool(argv[:-2] + ["--compile-to=executable-sources", "-o", str(sources)],
+                 log=ctx.log, what="iree-compile --compile-to=executable-sources",
+                 cwd=ctx.scratch, **where)
+        report["requires"] = {"vulkan": requirements(sources.read_text())}
+        sources.unlink()
+    mlir.unlink(missing_ok=True)
     ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -29,7 +29,7 @@ TYPE_FEATURES = {("compute", "fp16"): "shaderFloat16", ("compute", "int8"): "sha
                  ("storage", "b16"): "storageBuffer16BitAccess",
                  ("storage", "b8"): "storageBuffer8BitAccess"}
 SUBGROUP_OPS = {"shuffle": 0x10, "arithmetic": 0x4}  # VkSubgroupFeatureFlagBits
-_TARGET_RE = re.compile(r'iree_gpu\.target<arch = "([^"]+)", features = "([^"]*)", wgp = <([^>]*)>')
+TARGET_RE = re.compile(r'iree_gpu\.target<arch = "([^"]+)", features = "([^"]*)", wgp = <([^>]*)>')
 ICD_DIR = Path("/usr/share/vulkan/icd.d")
 
 
@@ -39,7 +39,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def parse_target_info(text: str) -> dict:
     """The requirements of the first `iree_gpu.target<...>` found in compiler output."""
-    match = _TARGET_RE.search(text)
+    match = TARGET_RE.search(text)
     if not match:
         raise ValueError("no iree_gpu.target attribute found")
     arch, features, wgp = match.groups()
