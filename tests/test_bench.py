@@ -58,23 +58,28 @@ def test_measure_interleaves_alternately_and_ends_the_window_by_time():
     assert (m["iterations"], m["ended_by"]) == (3, "iterations")
 
 
-def _artifact(emulated: bool, device: str = "local-task", status: str = "passed") -> dict:
-    return {"sha256": "0" * 64, "size": 1, "path": "x", "abi": {"run": {"via": "python" if not
-                                                                         emulated else "qemu"}},
+def _artifact(emulated: bool, device: str = "local-task", status: str = "passed",
+              backend: str = "llvm-cpu") -> dict:
+    run = ({"via": "vulkan", "driver": "lavapipe"} if backend == "vulkan-spirv"
+           else {"via": "python" if not emulated else "qemu"})
+    return {"sha256": "0" * 64, "size": 1, "path": "x", "abi": {"backend": backend, "run": run},
             "validation": {"status": status, "executed": {"emulated": emulated, "device": device}}}
 
 
 def test_plan_times_native_artifacts_only_and_takes_new_runners():
-    manifest = {"models": {"m": {"artifacts": {"cpu-aarch64": _artifact(True),
-                                               "cpu-x86_64": _artifact(False),
-                                               "gpu-vulkan": _artifact(False, "vulkan")}}}}
+    manifest = {"models": {"m": {"artifacts": {
+        "cpu-aarch64": _artifact(True), "cpu-x86_64": _artifact(False),
+        "gpu-vulkan": _artifact(False, "llvmpipe", backend="vulkan-spirv"),
+        "gpu-mali": _artifact(False, "llvmpipe", "twin-passed", backend="vulkan-spirv")}}}}
     items = {i.abi: i for i in bench.plan(manifest)}
     assert items["cpu-x86_64"].runner is bench.IreeCpuRunner
     assert (items["cpu-aarch64"].runner, items["cpu-aarch64"].reason) == (None, "emulated")
-    assert items["gpu-vulkan"].reason == "no runner for device 'vulkan' here"
-    # a Vulkan runner plugs in by driver name
-    items = {i.abi: i for i in bench.plan(manifest, {**bench.RUNNERS, "vulkan": object})}
-    assert items["gpu-vulkan"].runner is object and items["cpu-aarch64"].runner is None
+    assert items["gpu-vulkan"].runner is bench.IreeVulkanRunner
+    assert items["gpu-mali"].runner is None and "validated through a twin" in items["gpu-mali"].reason
+    # without a Vulkan runner, Vulkan artifacts are listed with the reason
+    runners = {k: v for k, v in bench.RUNNERS.items() if k != "vulkan"}
+    items = {i.abi: i for i in bench.plan(manifest, runners)}
+    assert items["gpu-vulkan"].reason == "no Vulkan runner for 'lavapipe' here"
 
 
 def test_regressions_compare_p50_with_the_threshold():
@@ -237,37 +242,68 @@ def test_bad_input_gives_clear_errors(benched, tmp_path):
     assert "unknown target 'rk3399'; known targets: host, rk3588, rpi5" in unknown.stderr
 
 
-def test_emulated_artifacts_are_listed_never_timed(tmp_path):
+CPU_AARCH64 = """  cpu-aarch64:
+    compiler: iree
+    backend: llvm-cpu
+    arch: aarch64
+    cpu: cortex-a55
+    run: {via: qemu, qemu_cpu: cortex-a76}
+"""
+MIXED = """description: this host, the board's CPU and GPU
+abis:
+  cpu-x86_64:
+    compiler: iree
+    backend: llvm-cpu
+    arch: x86_64
+    cpu: x86-64-v3
+    run: {via: python}
+  vulkan-mali-g610:
+    compiler: iree
+    backend: vulkan-spirv
+    vulkan_target: valhall3
+    run: {via: twin, twin: llvmpipe, driver: lavapipe}
+  vulkan-baseline:
+    compiler: iree
+    backend: vulkan-spirv
+    vulkan_target: vp_android_baseline_2022
+    run: {via: vulkan, driver: lavapipe}
+""" + CPU_AARCH64
+
+
+def test_emulated_and_twin_artifacts_are_listed_never_timed(tmp_path):
     require_aarch64()
     targets = tmp_path / "targets"
-    shutil.copytree(REPO / "pipeline" / "targets", targets)
-    host, board = (targets / "host.yaml").read_text(), (targets / "rk3588.yaml").read_text()
-    abi = lambda text: text[text.index("abis:\n") + len("abis:\n"):]
-    (targets / "mixed.yaml").write_text("description: this host and the board's CPU\nabis:\n"
-                                        + abi(host) + abi(board))
+    targets.mkdir()
+    (targets / "mixed.yaml").write_text(MIXED)
+    (targets / "board.yaml").write_text("description: the board's CPU only\nabis:\n" + CPU_AARCH64)
     ws = Workspace(tmp_path / "ws")
     add_tiny_model(ws.models, "alpha", seed=1)
-    for target in ("mixed", "rk3588"):
+    for target in ("mixed", "board"):
         ws.build(f"target={target}", f"targets={targets}")
 
     result = ws.doit("bench", "target=mixed", f"targets={targets}", *FEW)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = _json(ws.artifacts / "mixed/bench.json")
-    assert [(r["model"], r["abi"]) for r in summary["artifacts"]] == [("alpha", "cpu-x86_64")]
-    (skipped,) = summary["not_measured"]
-    assert (skipped["model"], skipped["abi"], skipped["reason"]) == ("alpha", "cpu-aarch64",
-                                                                     "emulated")
-    assert skipped["executed"]["emulated"] is True
+    timed = {r["abi"]: r for r in summary["artifacts"]}
+    assert sorted(timed) == ["cpu-x86_64", "vulkan-baseline"]
+    assert timed["vulkan-baseline"]["ratio_to_onnxruntime"] > 0
+    skipped = {r["abi"]: r for r in summary["not_measured"]}
+    assert sorted(skipped) == ["cpu-aarch64", "vulkan-mali-g610"]
+    assert skipped["cpu-aarch64"]["reason"] == "emulated"
+    assert skipped["cpu-aarch64"]["executed"]["emulated"] is True
+    assert "validated through a twin" in skipped["vulkan-mali-g610"]["reason"]
     assert not (ws.artifacts / "mixed/alpha/cpu-aarch64/bench").exists()
     assert "not measured here: alpha/cpu-aarch64: emulated" in result.stdout
     assert "not measured here: emulated" in (ws.artifacts / "mixed/report.html").read_text()
+    vk = _json(next((ws.artifacts / "mixed/alpha/vulkan-baseline/bench").glob("*.json")))
+    assert vk["runner"]["kind"] == "iree-vulkan" and "llvmpipe" in vk["runner"]["device"]
 
-    board_only = ws.doit("bench", "target=rk3588", f"targets={targets}", *FEW)
+    board_only = ws.doit("bench", "target=board", f"targets={targets}", *FEW)
     out = board_only.stdout + board_only.stderr
     assert board_only.returncode != 0 and "Traceback" not in out
-    assert "nothing in rk3588/manifest.json can be timed on this machine" in out
+    assert "nothing in board/manifest.json can be timed on this machine" in out
     assert "alpha/cpu-aarch64 (emulated)" in out
-    assert not (ws.artifacts / "rk3588/bench.json").exists()
+    assert not (ws.artifacts / "board/bench.json").exists()
 
 
 def test_report_is_self_contained_and_renders_in_headless_chromium(benched, tmp_path):
