@@ -116,8 +116,14 @@ def test_release_twice_from_clean_workspaces_is_byte_identical(tmp_path):
     art = doc["models"]["alpha"]["artifacts"]["cpu-aarch64"]
     runtime = distribution_version("iree-base-runtime")
     assert art["requires"]["iree_runtime"]["install"] == f"pip install iree-base-runtime=={runtime}"
-    assert (art["requires"]["cpu"], art["requires"]["arch"], art["requires"]["device"]) == \
+    assert (art["requires"]["cpu"], art["requires"]["arch"], art["requires"]["hal_driver"]) == \
            ("cortex-a55", "aarch64", "local-task")
+    mali = doc["models"]["alpha"]["artifacts"]["vulkan-mali-g610"]
+    assert mali["requires"]["hal_driver"] == "vulkan"
+    assert mali["requires"]["vulkan"]["arch"] == "valhall3" and mali["requires"]["vulkan"]["subgroup_size"] == [16]
+    assert mali["validation"]["status"] == "twin-passed" and mali["validation"]["shipped_bytes_executed"] is False
+    assert mali["waiver"]["reason"].startswith("valhall3 kernels need a Mali")
+    assert doc["models"]["alpha"]["artifacts"]["vulkan-baseline"]["validation"]["status"] == "passed"
     assert art["entry"] == "main" and art["validation"]["status"] == "passed"
     assert art["validation"]["executed"]["emulated"] is True
     assert art["validation"]["outputs"][0]["max_abs"] < 1e-4
@@ -132,7 +138,9 @@ def test_release_twice_from_clean_workspaces_is_byte_identical(tmp_path):
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    assert subjects == {archives[0].name: sha256(archives[0]), vmfb: sha256(bundles[0] / vmfb)}
+    vmfbs = {f"models/alpha/{abi}/model.vmfb" for abi in ("cpu-aarch64", "vulkan-baseline", "vulkan-mali-g610")}
+    assert subjects == {archives[0].name: sha256(archives[0]),
+                        **{v: sha256(bundles[0] / v) for v in vmfbs}}
     deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
     assert {"name": "models/alpha/model.onnx",
             "digest": {"sha256": sha256(tmp_path / "one/models/alpha/model.onnx")}} in deps

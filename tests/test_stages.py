@@ -80,7 +80,8 @@ def test_compile_and_validate_host_and_rk3588_on_the_classifier(tmp_path):
     proj = project(tmp_path)
     run_stages(proj, "ppocr_cls", "import", "golden", "static")
     for target, abi in (("host", "cpu-x86_64"), ("rk3588", "cpu-aarch64")):
-        compiled, checked = run_stages(proj, "ppocr_cls", "iree_compile", "validate", target=target)
+        compiled, checked = run_stages(proj, "ppocr_cls", "iree_compile", "validate", target=target,
+                                       abi=abi)
         vmfb = compiled.out_dir / "model.vmfb"
         assert vmfb.stat().st_size > 100_000
         report = json.loads((checked.out_dir / "validation.json").read_text())
