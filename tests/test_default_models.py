@@ -26,4 +26,12 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
                 assert row["cosine"] >= val["tolerance"]["cosine"]
             assert model["source"]["sha256"] == sha256(REPO / "models" / name / model["source"]["file"])
         assert doc["models"]["ppocr_det"]["io"]["outputs"][0]["shape"] == [1, 1, 480, 640]
+        if target == "rk3588":  # the GPU path: the Mali build, validated through its lavapipe twin
+            mali = doc["models"]["ppocr_det"]["artifacts"]["vulkan-mali-g610"]
+            assert mali["validation"]["status"] == "twin-passed"
+            assert mali["validation"]["outputs"][0]["max_abs"] < 1e-4
+            assert mali["requires"]["vulkan"]["arch"] == "valhall3"
+            assert "vulkan-baseline" in doc["models"]["ppocr_det"]["skipped"]
+            assert sorted(doc["models"]["ppocr_cls"]["skipped"]) == ["vulkan-baseline",
+                                                                     "vulkan-mali-g610"]
         assert ran(ws.build(f"target={target}")) == []
