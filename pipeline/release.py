@@ -34,7 +34,7 @@ from pathlib import Path
 
 from . import provenance, signing
 from .errors import PipelineError
-from .store import pretty_json
+from .store import pretty_json, sha256_file
 from .verify import MANIFEST, PROVENANCE, SIGNATURE, archive_name, digest, file_digest, verify
 
 VERSION = 1
@@ -156,6 +156,7 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
     Refuses, listing every one, the artifacts that are neither validated nor waived.
     """
     specs = {m.name: m for m in project.models}
+    measured = _bench_figures(project.layout, target_spec.name)
     ship, models, waivers, refused = {}, {}, [], []
     for name, entry in sorted(build["models"].items()):
         spec = specs[name]
@@ -171,7 +172,7 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
                 waivers.append(waiver)
             file = f"models/{name}/{abi}/{Path(art['path']).name}"
             ship[file] = (project.layout.root / art["path"], art["sha256"])
-            artifacts[abi] = _artifact(art, file, waiver)
+            artifacts[abi] = _artifact(art, file, waiver, measured.get((name, abi, art["sha256"])))
         licenses = []
         for path in spec.licenses:
             licenses.append(f"licenses/{name}/{path.name}")
@@ -210,7 +211,24 @@ def _contract(spec, io: dict) -> dict:
             "outputs": [tensor(t, "postprocessing") for t in io["outputs"]]}
 
 
-def _artifact(art: dict, file: str, waiver: dict | None) -> dict:
+def _bench_figures(layout, target: str) -> dict:
+    """(model, abi, artifact sha256) -> figures of the target's last `doit bench`, if it measured
+    the manifest being released (a bench of other bytes says nothing about these)."""
+    summary_path, manifest_path = layout.bench_summary(target), layout.manifest(target)
+    if not summary_path.is_file() or not manifest_path.is_file():
+        return {}
+    summary = json.loads(summary_path.read_text())
+    if summary.get("manifest", {}).get("sha256") != sha256_file(manifest_path):
+        return {}
+    keep = ("p50_ms", "p90_ms", "p99_ms", "cv", "noisy", "n", "ratio_to_onnxruntime", "threads",
+            "runner", "phases_p50_ms", "onnxruntime")
+    return {(r["model"], r["abi"], r["sha256"]): {
+        "status": "measured", **{k: r[k] for k in keep},
+        "measured_on": summary["machine"].get("cpu_model", "?"),
+        "started_utc": summary["started_utc"]} for r in summary.get("artifacts", [])}
+
+
+def _artifact(art: dict, file: str, waiver: dict | None, measured: dict | None = None) -> dict:
     abi = art["abi"]
     iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
     vulkan = art.get("requires", {}).get("vulkan")
@@ -221,7 +239,7 @@ def _artifact(art: dict, file: str, waiver: dict | None) -> dict:
     if vulkan:  # API/SPIR-V version, device features and subgroup size, as IREE compiled for
         requires["vulkan"] = vulkan
     emulated = art["validation"]["executed"].get("emulated")
-    benchmark = art.get("benchmark") or {
+    benchmark = measured or {
         "status": "not measured",
         "note": "no timing was taken on the board" + (" (validation ran under emulation, whose "
                                                       "timings mean nothing)" if emulated else "")}

@@ -394,3 +394,18 @@ def test_release_section_of_the_spec_is_checked_strictly(tmp_path):
                      "release.io.x: unknown key 'postprocessing' (allowed: layout, preprocessing)"):
         assert expected in text, text
     assert len(info.value.problems) == 5, text
+
+
+def test_release_carries_the_bench_figures_of_the_released_bytes(released, tmp_path):
+    ws, key, _ = released
+    shutil.copytree(ws.models, tmp_path / "models")
+    shutil.copytree(ws.artifacts, tmp_path / "artifacts", ignore=shutil.ignore_patterns("releases"))
+    copy = Workspace(tmp_path)
+    bench = copy.doit("bench", "target=host", "iterations=20", "seconds=5", "warmup=1")
+    assert bench.returncode == 0, out(bench)
+    do_release(copy, "host", "1.1.0", key)
+    doc = json.loads((copy.artifacts / "releases/host/1.1.0/release.json").read_text())
+    figures = doc["models"]["alpha"]["artifacts"]["cpu-x86_64"]["benchmark"]
+    assert figures["status"] == "measured" and figures["n"] == 20
+    assert 0 < figures["p50_ms"] <= figures["p90_ms"] <= figures["p99_ms"]
+    assert figures["ratio_to_onnxruntime"] > 0 and figures["measured_on"]
