@@ -109,7 +109,7 @@ class Workspace:
         self.artifacts = root / "artifacts"
         self.models.mkdir(parents=True, exist_ok=True)
 
-    def doit(self, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    def doit(self, *args: str, timeout: float = 2400) -> subprocess.CompletedProcess:
         argv = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args,
                 f"models={self.models}", f"artifacts={self.artifacts}"]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.root)
