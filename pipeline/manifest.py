@@ -69,6 +69,9 @@ def run(ctx) -> None:
             "artifacts": artifacts,
             "skipped": model["skipped"],  # ABI -> why this model is not built for it
         }
+        if "variant_of" in model:  # a precision variant (pipeline/variants.py)
+            from .variants import manifest_fields
+            manifest_fields(ctx, model, models[name])
     manifest = {"schema": SCHEMA, "target": {k: cfg["target"][k] for k in (
                     "name", "description", "definition_sha256", "fallback")},
                 "models": models}
