@@ -143,7 +143,7 @@ def layers(fp32) -> list[dict]:
     (Constant nodes are weights: left out)."""
     import onnx
     types = _types(onnx.shape_inference.infer_shapes(fp32))
-    out = [{"tensor": i.name, "node": "(input)", "op": "input"} for i in fp32.graph.input
+    out = [{"tensor": i.name, "node": f"(input {i.name})", "op": "input"} for i in fp32.graph.input
            if types.get(i.name) in _FLOATS]
     for node in fp32.graph.node:
         if node.op_type == "Constant":  # weights, not a computation

@@ -152,9 +152,11 @@ def _fp16(ctx, model, out_path) -> dict:
     from onnxruntime.transformers.float16 import convert_float_to_float16
     cfg = ctx.config
     before = {n.name for n in model.graph.node}
+    from onnxruntime.transformers.onnx_model import OnnxModel
     with _quiet(ctx.log):
         half = convert_float_to_float16(model, keep_io_types=cfg["io_dtype"] == "float32",
                                         node_block_list=cfg["exclude_nodes"])
+        OnnxModel(half).topological_sort()  # the converter appends its input Casts at the end
     onnx.save(half, str(out_path))
     casts = [{"node": n.name, "from": n.input[0], "to": n.output[0],
               "dtype": {1: "float32", 10: "float16"}.get(n.attribute[0].i, str(n.attribute[0].i))}
