@@ -77,18 +77,21 @@ def variant_outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
 
 
 def run_variant(ctx) -> None:
-    """The golden files of a precision variant (see pipeline/variants.py): the first evaluation
-    sample as input_<i>.npy, the variant's onnxruntime outputs (graph optimisations off: the
-    QDQ/fp16 graph as written, what IREE compiles) as output_<k>.npy, and fp32's outputs on the
-    same input as reference_<k>.npy."""
+    """The golden files of a precision variant (see pipeline/variants.py), on the evaluation
+    sample where the variant is farthest from fp32 (the gate's worst cosine, first output), so
+    that validating against fp32 within the gate is checked where it is tightest: the sample as
+    input_<i>.npy, the variant's onnxruntime outputs (graph optimisations off: the QDQ/fp16 graph
+    as written, what IREE compiles) as output_<k>.npy, fp32's as reference_<k>.npy."""
     import numpy as np
     from .accuracy import reduced_session, variant_feeds
     from .calibration import Preprocessing, SampleError, load_sample
 
     cfg = ctx.config
     pre = {k: Preprocessing.from_dict(v) for k, v in cfg["preprocessing"].items()}
+    chosen = json.loads(ctx.input("accuracy.json").read_text())["outputs"][0]["worst_sample"]
     try:
-        sample = load_sample(ctx.input("sample"), cfg["sample"]["kind"], cfg["inputs"], pre)
+        sample = load_sample(ctx.input(f"evaluation:{chosen}"), cfg["evaluation"]["kind"],
+                             cfg["inputs"], pre)
     except SampleError as exc:
         raise ctx.error(f"evaluation sample {exc}", hint="fix or remove that file")
     reference = session(ctx.input("fp32")).run(None, sample)
@@ -98,7 +101,8 @@ def run_variant(ctx) -> None:
     results = sess.run(None, feeds)
     if len(results) != cfg["n_outputs"]:
         raise ctx.error(f"the variant returned {len(results)} outputs, fp32 has {cfg['n_outputs']}")
-    doc = {"inputs": [], "outputs": [], "reference": [], "sample": cfg["sample"]["file"]}
+    doc = {"inputs": [], "outputs": [], "reference": [], "sample": chosen,
+           "why": "the evaluation sample where the variant differs most from fp32 (worst cosine)"}
     for i, spec in enumerate(cfg["inputs"]):
         array = feeds[spec["name"]]
         np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)

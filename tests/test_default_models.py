@@ -14,7 +14,7 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
         ws.build(f"target={target}")
         doc = json.loads((ws.artifacts / target / "manifest.json").read_text())
         assert doc["target"]["name"] == target
-        assert sorted(doc["models"]) == ["ppocr_cls", "ppocr_det"]
+        assert sorted(doc["models"]) == ["ppocr_cls", "ppocr_cls.int8", "ppocr_det"]
         for name, model in doc["models"].items():
             art = model["artifacts"][abi]
             assert sha256(ws.artifacts / art["path"]) == art["sha256"]
@@ -24,6 +24,10 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
                 assert row["failures"] == []
                 assert row["max_abs"] <= val["tolerance"]["max_abs"]
                 assert row["cosine"] >= val["tolerance"]["cosine"]
-            assert model["source"]["sha256"] == sha256(REPO / "models" / name / model["source"]["file"])
+            source = REPO / "models" / model.get("variant_of", name) / model["source"]["file"]
+            assert model["source"]["sha256"] == sha256(source)
+        int8 = doc["models"]["ppocr_cls.int8"]  # the int8 variant passed its gate on the text-line images
+        assert int8["accuracy"]["passed"] and int8["accuracy"]["outputs"][0]["top1_agreement"] >= 0.98
+        assert int8["artifacts"][abi]["validation"]["vs_fp32"]["outputs"][0]["failures"] == []
         assert doc["models"]["ppocr_det"]["io"]["outputs"][0]["shape"] == [1, 1, 480, 640]
         assert ran(ws.build(f"target={target}")) == []

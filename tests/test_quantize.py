@@ -252,7 +252,7 @@ def test_int8_variant_is_quantized_gated_compiled_validated_and_listed(host_buil
     assert art["path"].startswith("host/cnn.int8/cpu-x86_64/")
     val = art["validation"]
     assert val["status"] == "passed" and val["outputs"][0]["max_abs"] == 0.0
-    assert val["vs_fp32"]["tolerance"] == {"max_abs": 0.1, "mean_abs": 0.02, "cosine": 0.98}
+    assert val["vs_fp32"]["tolerance"] == {"max_abs": 0.1, "mean_abs": 0.1, "cosine": 0.98}
     assert 0 < val["vs_fp32"]["outputs"][0]["max_abs"] <= 0.1
     assert art["compile"]["step_key"] != fp32["artifacts"]["cpu-x86_64"]["compile"]["step_key"]
     assert "precision" not in fp32["artifacts"]["cpu-x86_64"]
