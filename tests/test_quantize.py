@@ -314,6 +314,12 @@ def test_release_and_bench_carry_the_variant_next_to_fp32(host_build):
     assert art["file"] == "models/cnn.int8/cpu-x86_64/model.vmfb"
     assert sha256(bundle / art["file"]) == art["sha256"]
     assert ws.doit("verify", f"bundle={bundle}", f"pubkey={key}.pub").returncode == 0
+    import base64
+    envelope = json.loads((bundle / "provenance.intoto.jsonl").read_text())
+    deps = {d["name"]: d.get("digest", {}).get("sha256") for d in json.loads(
+        base64.b64decode(envelope["payload"]))["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    for data in ("calibration/000.png", "evaluation/000.png"):  # same file name, both listed
+        assert deps[f"models/cnn/{data}"] == sha256(ws.models / "cnn" / data)
 
     out = ws.doit("bench", "target=host", "iterations=5", "seconds=0", "warmup=1")
     assert out.returncode == 0, out.stdout + out.stderr
