@@ -316,6 +316,8 @@ def run(ctx) -> None:
 def doit_report(layout, steps: list, only: str | None) -> str:
     """`doit accuracy [model=NAME]`: the gate and the layer table of each variant (of NAME:
     a model, or one model.variant)."""
+    if not steps:
+        return "no model declares variants: (nothing to report)"
     shown = [s for s in steps if only in (None, s.name, s.name.split(".")[0])]
     if not shown:
         from .errors import PipelineError
