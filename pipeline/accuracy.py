@@ -14,8 +14,9 @@ Gate, per model output, over the whole evaluation set (thresholds from the spec'
 Divergence: fp32 and the variant again, every float tensor of the fp32 graph exposed as an
 output (graph inputs first, then node outputs in the graph's topological order) and matched by
 name in the variant (an int8 activation as its consumers see it, i.e. `<name>_DequantizeLinear_
-Output` when the quantizer inserted one; an fp16 tensor under its own name), on the first
-`divergence.samples` evaluation samples. Per layer: cosine, max |error|, and max |error| relative
+Output` when the quantizer inserted one; an fp16 tensor under its own name), on the
+`divergence.samples` evaluation samples where the first output differs most (lowest cosine;
+named in divergence.json). Per layer: cosine, max |error|, and max |error| relative
 to max |fp32|; the first layer whose cosine falls below `divergence.cosine` is marked.
 
 Outputs: accuracy.json (the gate), divergence.json (the table), accuracy.txt (both, readable;
@@ -89,7 +90,8 @@ def gate_metrics(pairs: list[tuple[list, list]], names: list[str], sample_names:
         rows.append({"name": name, "max_abs": max_abs, "mean_abs": sum_abs / max(count, 1),
                      "cosine_min": cosines[worst], "cosine_mean": float(np.mean(cosines)),
                      "worst_sample": sample_names[worst], "nonfinite": nonfinite,
-                     "top1_agreement": agree / total if total else None, "top1_rows": total})
+                     "top1_agreement": agree / total if total else None, "top1_rows": total,
+                     "worst_first": [int(k) for k in np.argsort(cosines, kind="stable")]})
     return rows
 
 
@@ -237,8 +239,10 @@ def render(name: str, acc: dict, div: dict, around: int | None = None) -> str:
                  f"{gate['cosine']:>10} {'':>10} {_g(gate.get('top1_agreement'), '.3f'):>7}")
     lines += [f"  FAILED: {f}" for f in acc["failures"]]
     first = div["first_divergent"]
-    lines += ["", f"layer-by-layer divergence ({div['samples']} sample(s); per-layer tolerance: "
-                  f"cosine >= {div['cosine_tolerance']}): "
+    names = div.get("sample_files", [])
+    lines += ["", f"layer-by-layer divergence on the {div['samples']} sample(s) farthest from fp32 "
+                  f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); per-layer "
+                  f"tolerance: cosine >= {div['cosine_tolerance']}): "
                   + (f"first beyond tolerance: #{first['index']} {first['node']} ({first['op']}, "
                      f"tensor {first['tensor']}, cosine {first['cosine']:.6f})" if first
                      else "no layer beyond tolerance"),
@@ -288,8 +292,12 @@ def run(ctx) -> None:
            "runs": {"fp32": "onnxruntime CPU, 1 thread (as golden)",
                     cfg["precision"]: "onnxruntime CPU, 1 thread, graph optimisations off"}}
     div_cfg = cfg["divergence"]
-    div = layer_divergence(ctx.input("fp32"), ctx.input("model"), samples[:div_cfg["samples"]],
+    chosen = rows[0].pop("worst_first")[:div_cfg["samples"]]  # where the outputs differ most
+    for r in rows[1:]:
+        r.pop("worst_first")
+    div = layer_divergence(ctx.input("fp32"), ctx.input("model"), [samples[k] for k in chosen],
                            cfg["io_dtype"], div_cfg["cosine"])
+    div["sample_files"] = [files[k] for k in chosen]
     first = div["first_divergent"]
     acc["summary"] = {"passed": acc["passed"], "gate": cfg["gate"], "evaluation": acc["evaluation"],
                       "outputs": [{k: r[k] for k in ("name", "max_abs", "mean_abs", "cosine_min",

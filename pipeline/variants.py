@@ -43,7 +43,7 @@ model.yaml:
           top1_agreement: 0.98         # optional (classifiers): argmax over the last axis agrees
         tolerance: {max_abs: 1.0e-5, mean_abs: 1.0e-6, cosine: 0.999999}
                                        # artifacts vs the variant's own golden (default: the model's)
-        divergence: {samples: 4, cosine: 0.98}   # layer table: samples used, per-layer tolerance
+        divergence: {samples: 4, cosine: 0.98}   # layer table: the N worst samples, per-layer tolerance
 """
 from __future__ import annotations
 
