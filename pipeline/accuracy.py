@@ -26,8 +26,6 @@ and fails the step with the figures and the first divergent layer.
 """
 from __future__ import annotations
 
-import json
-
 VERSION = 1
 OUTPUTS = ("accuracy.json", "divergence.json", "accuracy.txt")
 _FLOATS = (1, 10, 11, 16)  # onnx elem types: float, float16, double, bfloat16

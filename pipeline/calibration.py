@@ -8,7 +8,7 @@ A data set is a folder of the model's own samples, one file per sample, in name 
           .npz                              every model input by name, same rules
 README*, LICENSE*, *.md, *.txt and dot-files are documentation, not samples; any other file is
 an error. The set's identity is the sha256 of every file (each is a step input, so it is part of
-the step keys), summarised as `sha256` over the sorted (name, sha256) pairs.
+the step keys), summarised in reports as one sha256 over the sorted (name, sha256) pairs.
 
 Preprocessing (`preprocessing: {input: {...}}` in model.yaml), applied in this order:
   color   rgb | bgr | gray                      what the image is converted to (default rgb)
@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .store import canonical_json, sha256_file, sha256_text
 
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm")
 ARRAY_EXT = (".npy", ".npz")
@@ -54,17 +53,9 @@ class Dataset:
     files: tuple[Path, ...]
     kind: str  # "image", "npy" or "npz"
 
-    @property
-    def sha256(self) -> str:
-        return sha256_text(canonical_json([[p.name, sha256_file(p)] for p in self.files]))
-
     def as_dict(self) -> dict:
+        """As step configs hold it: the files' contents are the steps' inputs (and keys)."""
         return {"kind": self.kind, "files": [p.name for p in self.files]}
-
-    def describe(self) -> dict:
-        """For reports and manifests: the folder (as the spec names it), count and content hash."""
-        return {"folder": self.folder.name, "kind": self.kind, "samples": len(self.files),
-                "sha256": self.sha256}
 
 
 def list_dataset(folder: Path, where: str, problems: list) -> Dataset | None:
@@ -242,10 +233,6 @@ def load_sample(path: Path, kind: str, inputs: list[dict], preprocessing: dict) 
             raise SampleError(f"{path.name}: holds arrays {names}, the model's inputs are {want}")
         return {s["name"]: _array(path, data[s["name"]], s["name"], s["shape"], s["dtype"])
                 for s in inputs}
-
-
-def load_samples(files: list[Path], kind: str, inputs: list[dict], preprocessing: dict) -> list[dict]:
-    return [load_sample(Path(p), kind, inputs, preprocessing) for p in files]
 
 
 def check_dataset_fits(dataset: Dataset, inputs: dict, preprocessing: dict, where: str,
