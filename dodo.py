@@ -2,6 +2,7 @@
 
     doit build target=rk3588        build, validate and list every model of models/ for a target
     doit bench target=host          time the target's runnable artifacts against onnxruntime
+    doit accuracy [model=NAME]      each precision variant's gate and layer-by-layer divergence
     doit list                       the stages; `doit list --all` every step
     doit release target=rk3588 version=1.2.0 key=PATH   a signed bundle in artifacts/releases/
     doit verify bundle=PATH [pubkey=PATH] [into=DIR]    check (and unpack) a release bundle
@@ -14,7 +15,7 @@ import sys
 
 from doit import get_var
 
-from pipeline import bench, release, signing, verify
+from pipeline import accuracy, bench, release, signing, verify
 from pipeline.errors import PipelineError
 from pipeline.graph import load_project
 from pipeline.steps import doit_call, doit_task
@@ -55,6 +56,23 @@ def task_golden():
 def task_static():
     """bind every dynamic dim, simplify with onnxsim, compare with golden"""
     yield from _tasks("static")
+
+
+def task_quantize():
+    """precision variants: int8 (QDQ, calibrated) or fp16 models from the static model"""
+    yield from _tasks("quantize")
+
+
+def task_accuracy():
+    """precision variants' gates vs fp32; `doit accuracy [model=NAME]` prints them with the layer table"""
+    steps = PROJECT.steps("accuracy")
+    for step in steps:
+        yield doit_task(step)
+    yield {"name": "report", "doc": "print each variant's gate and layer-by-layer divergence",
+           "actions": [(doit_call, [accuracy.doit_report, PROJECT.layout, steps,
+                                    get_var("model", None)])],
+           "task_dep": [f"accuracy:{s.name}" for s in steps], "uptodate": [False],
+           "verbosity": 2}
 
 
 def task_iree_compile():

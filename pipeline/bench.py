@@ -387,7 +387,9 @@ def bench_artifact(layout: Layout, target: str, item: Planned, manifest: dict,
     where = {"stage": STAGE, "model": item.model, "target": f"{target}/{item.abi}"}
     art = item.artifact
     vmfb = layout.root / art["path"]
-    static = layout.model_stage(item.model, "static") / "model.onnx"
+    static_entry = manifest["models"][item.model]["static_model"]
+    static = (layout.root / static_entry["path"] if "path" in static_entry  # a precision variant
+              else layout.model_stage(item.model, "static") / "model.onnx")
     for path, want, what in ((vmfb, art["sha256"], "artifact"),
                              (static, manifest["models"][item.model]["static_model"]["sha256"],
                               "static model")):
@@ -549,6 +551,7 @@ def run(layout: Layout, target: str, options: Options, say: Callable[[str], None
                "artifacts": rows, "not_measured": skipped,
                "report": layout.relative(layout.bench_report(target)),
                "regression": None}
+    summary["variants"] = variant_rows(rows, skipped, manifest)
     if baseline is not None:
         summary["regression"] = {"baseline": str(options.baseline),
                                  **regressions(rows, baseline, options.threshold)}
@@ -568,6 +571,34 @@ def _row_text(row: dict) -> str:
     return (f"{row['model']}/{row['abi']}: p50 {_fmt(row['p50_ms'])} ms, onnxruntime "
             f"{_fmt(row['onnxruntime']['p50_ms'])} ms, ratio {row['ratio_to_onnxruntime']:.2f}x"
             f"{' (noisy)' if row['noisy'] else ''}")
+
+
+def variant_rows(rows: list[dict], skipped: list[dict], manifest: dict) -> list[dict]:
+    """Each precision variant's artifact next to its model's fp32 artifact for the same ABI:
+    sizes and (when both were timed here) p50 latencies and their ratios."""
+    timed = {(r["model"], r["abi"]): r for r in rows}
+    out = []
+    for name, entry in sorted(manifest["models"].items()):
+        base = entry.get("variant_of")
+        if not base:
+            continue
+        for abi, art in sorted(entry["artifacts"].items()):
+            fp32 = manifest["models"].get(base, {}).get("artifacts", {}).get(abi)
+            mine, theirs = timed.get((name, abi)), timed.get((base, abi))
+            row = {"model": base, "variant": name, "precision": entry["precision"], "abi": abi,
+                   "size": art["size"], "fp32_size": fp32["size"] if fp32 else None,
+                   "p50_ms": mine["p50_ms"] if mine else None,
+                   "fp32_p50_ms": theirs["p50_ms"] if theirs else None,
+                   "onnxruntime_p50_ms": mine["onnxruntime"]["p50_ms"] if mine else None,
+                   "fp32_onnxruntime_p50_ms": theirs["onnxruntime"]["p50_ms"] if theirs else None}
+            row["size_ratio"] = round(row["size"] / row["fp32_size"], 4) if fp32 else None
+            row["speedup"] = (round(row["fp32_p50_ms"] / row["p50_ms"], 4)
+                              if mine and theirs else None)
+            if not mine:
+                row["not_measured"] = next((s["reason"] for s in skipped
+                                            if (s["model"], s["abi"]) == (name, abi)), "not measured")
+            out.append(row)
+    return out
 
 
 def table(summary: dict) -> list[str]:
@@ -590,6 +621,7 @@ def table(summary: dict) -> list[str]:
                  f"{summary['threads']} thread(s))")
     for s in summary["not_measured"]:
         lines.append(f"not measured here: {s['model']}/{s['abi']}: {s['reason']}")
+    lines += variant_table(summary.get("variants") or [])
     reg = summary.get("regression")
     if reg:
         for row in reg["rows"]:
@@ -602,6 +634,25 @@ def table(summary: dict) -> list[str]:
                 lines.append(f"vs baseline: {row['model']}/{row['abi']}: {row['status']}")
         lines.append(f"regressions (p50 worse by more than {reg['threshold_pct']:g}%): "
                      f"{', '.join(reg['regressed']) or 'none'}")
+    return lines
+
+
+def variant_table(variants: list[dict]) -> list[str]:
+    """Precision variants side by side with fp32: size, p50 (IREE), onnxruntime p50 of each model."""
+    if not variants:
+        return []
+    head = ("model", "abi", "precision", "size", "fp32 size", "p50 ms", "fp32 p50 ms", "speedup",
+            "ort p50 ms", "ort fp32 p50 ms")
+    kb = lambda b: "n/a" if b is None else f"{b / 1024:.0f} KiB"
+    ms = lambda v: "n/a" if v is None else _fmt(v)
+    body = [(v["model"], v["abi"], v["precision"], kb(v["size"]), kb(v["fp32_size"]),
+             ms(v["p50_ms"]), ms(v["fp32_p50_ms"]),
+             "n/a" if v["speedup"] is None else f"{v['speedup']:.2f}x",
+             ms(v["onnxruntime_p50_ms"]), ms(v["fp32_onnxruntime_p50_ms"])) for v in variants]
+    widths = [max(len(x[k]) for x in (head, *body)) for k in range(len(head))]
+    lines = ["", "precision variants vs fp32 (speedup = fp32 p50 / variant p50, IREE artifacts):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *body)]
+    lines += [f"  {v['variant']}/{v['abi']}: {v['not_measured']}" for v in variants if "not_measured" in v]
     return lines
 
 

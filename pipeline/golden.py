@@ -69,3 +69,50 @@ def load(ctx):
     ins = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["inputs"]]
     outs = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["outputs"]]
     return doc, ins, outs
+
+
+# ----------------------------------------------------------------------------- precision variants
+def variant_outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
+    return outputs_for(n_inputs, n_outputs) + tuple(f"reference_{k}.npy" for k in range(n_outputs))
+
+
+def run_variant(ctx) -> None:
+    """The golden files of a precision variant (see pipeline/variants.py), on the evaluation
+    sample where the variant is farthest from fp32 (the gate's worst cosine, first output), so
+    that validating against fp32 within the gate is checked where it is tightest: the sample as
+    input_<i>.npy, the variant's onnxruntime outputs (graph optimisations off: the QDQ/fp16 graph
+    as written, what IREE compiles) as output_<k>.npy, fp32's as reference_<k>.npy."""
+    import numpy as np
+    from .accuracy import reduced_session, variant_feeds
+    from .calibration import Preprocessing, SampleError, load_sample
+
+    cfg = ctx.config
+    pre = {k: Preprocessing.from_dict(v) for k, v in cfg["preprocessing"].items()}
+    chosen = json.loads(ctx.input("accuracy.json").read_text())["outputs"][0]["worst_sample"]
+    try:
+        sample = load_sample(ctx.input(f"evaluation:{chosen}"), cfg["evaluation"]["kind"],
+                             cfg["inputs"], pre)
+    except SampleError as exc:
+        raise ctx.error(f"evaluation sample {exc}", hint="fix or remove that file")
+    reference = session(ctx.input("fp32")).run(None, sample)
+    feeds = variant_feeds(sample, cfg["io_dtype"])
+    sess = reduced_session(ctx.input("model"))
+    names = [o.name for o in sess.get_outputs()]
+    results = sess.run(None, feeds)
+    if len(results) != cfg["n_outputs"]:
+        raise ctx.error(f"the variant returned {len(results)} outputs, fp32 has {cfg['n_outputs']}")
+    doc = {"inputs": [], "outputs": [], "reference": [], "sample": chosen,
+           "why": "the evaluation sample where the variant differs most from fp32 (worst cosine)"}
+    for i, spec in enumerate(cfg["inputs"]):
+        array = feeds[spec["name"]]
+        np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
+        doc["inputs"].append({"name": spec["name"], "file": f"input_{i}.npy",
+                              "shape": list(array.shape), "dtype": str(array.dtype)})
+    for k, (name, array, ref) in enumerate(zip(names, results, reference)):
+        np.save(ctx.output(f"output_{k}.npy"), array, allow_pickle=False)
+        np.save(ctx.output(f"reference_{k}.npy"), ref, allow_pickle=False)
+        doc["outputs"].append({"name": name, "file": f"output_{k}.npy",
+                               "shape": list(array.shape), "dtype": str(array.dtype)})
+        doc["reference"].append({"name": name, "file": f"reference_{k}.npy",
+                                 "shape": list(ref.shape), "dtype": str(ref.dtype)})
+    ctx.output("golden.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -2,6 +2,8 @@
 
     import ─┬─> golden ─> static ─> iree_compile (per target ABI) ─> validate ─> manifest (per target)
             └────────────────^
+Precision variants (pipeline/variants.py) branch off static with their own chains:
+    static ─> quantize ─> accuracy (gate) ─> golden ─> iree_compile ─> validate ─> manifest
 Each function returns `Step`s; dodo.py turns them into doit tasks.
 """
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import golden, import_model, iree_compile, manifest, static, validate
+from . import golden, import_model, iree_compile, manifest, static, validate, variants
 from .layout import Layout
 from .spec import TARGETS_DIR, ModelSpec, TargetSpec, known_targets, load_models, load_target
 from .steps import Step
@@ -35,6 +37,7 @@ class Project:
                         out.append(STAGE_STEPS[stage](self.layout, model, target, abi))
                         if stage == "iree_compile" and abi.run["via"] == "twin":
                             out.append(compile_step(self.layout, model, target, abi, twin=True))
+            out += variants.steps(self.layout, model, self.targets, stage)
         if stage == "manifest":
             out = [manifest_step(self.layout, self.models, t) for t in self.targets]
         return out
@@ -162,11 +165,13 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
             inputs[f"{prefix}:compile.step"] = compiled / "step.json"
             inputs[f"{prefix}:validation.json"] = checked / "validation.json"
             inputs[f"{prefix}:validate.step"] = checked / "step.json"
+        inputs.update(variants.manifest_inputs(layout, model, target))
     models_cfg = [{"name": m.name, "description": m.description,
                    "source": {"file": m.source.name, "sha256": m.source_sha256},
                    "licenses": [p.name for p in m.licenses],
                    "skipped": {a.name: m.skip_reason(a.name) for a in target.abis
                                if m.skip_reason(a.name)}} for m in models]
+    models_cfg += [v for m in models for v in variants.manifest_models(layout, m, target)]
     target_cfg = {"name": target.name, "description": target.description,
                   "definition_sha256": target.sha256, "fallback": list(target.fallback),
                   "abis": [{"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis]}
@@ -180,4 +185,4 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
 
 STAGE_STEPS = {"import": import_step, "golden": golden_step, "static": static_step,
                "iree_compile": compile_step, "validate": validate_step}
-STAGES = ("import", "golden", "static", "iree_compile", "validate", "manifest")
+STAGES = ("import", "golden", "static", "quantize", "accuracy", "iree_compile", "validate", "manifest")

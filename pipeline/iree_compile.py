@@ -93,5 +93,14 @@ def run(ctx) -> None:
                  cwd=ctx.scratch, **where)
         report["requires"] = {"vulkan": requirements(sources.read_text())}
         sources.unlink()
+        if ctx.config.get("precision") == "fp16":  # never ship fp16 kernels to a device without fp16
+            from .variants import FP16_FEATURES
+            missing = [f for f in FP16_FEATURES
+                       if f not in report["requires"]["vulkan"]["device_features"]]
+            if missing:
+                raise ctx.error(f"fp16 model compiled for {ctx.config['vulkan_target']}, which "
+                                f"declares no {' / '.join(missing)}: its kernels would return "
+                                f"wrong numbers without an error", hint="build fp16 variants for "
+                                "Vulkan targets with 16-bit storage only (valhall*, llvmpipe, ...)")
     mlir.unlink(missing_ok=True)
     ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -9,6 +9,8 @@
                                        not built: rewritten on every bench run)
       <target>/bench.json, report.html the last bench run of the target: summary and report
       logs/<stage>/<step>.log          the tools' own output, kept for diagnosis
+      reports/accuracy/<model>.<variant>/  the report of a failed accuracy gate (the step's own
+                                       outputs are removed on failure; see accuracy.py)
       .store/                          content-addressed step outputs (see store.py)
       .cache/                          hash memo, model signatures (safe to delete)
       .doit.db                         doit's own state (safe to delete)
@@ -49,6 +51,9 @@ class Layout:
 
     def bench_report(self, target: str) -> Path:
         return self.root / target / "report.html"
+
+    def accuracy_report(self, variant: str) -> Path:
+        return self.root / "reports" / "accuracy" / variant
 
     def log(self, stage: str, step: str) -> Path:
         return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"

@@ -5,6 +5,9 @@ artifacts/<target>/manifest.json lists, per model: the source (file, sha256), th
 sha256, size), the compile step's key and tool versions, and how it was validated (what ran,
 where, emulated or not, the error figures against the tolerance). Paths are relative to the
 artifacts folder; there are no timestamps: the same build gives the same bytes.
+A precision variant that passed its gate is an entry of its own, `<model>.<variant>`, with
+variant_of, precision, quantization, accuracy and per artifact precision and validation.vs_fp32
+(pipeline/variants.py: manifest_fields).
 """
 from __future__ import annotations
 
@@ -69,6 +72,9 @@ def run(ctx) -> None:
             "artifacts": artifacts,
             "skipped": model["skipped"],  # ABI -> why this model is not built for it
         }
+        if "variant_of" in model:  # a precision variant (pipeline/variants.py)
+            from .variants import manifest_fields
+            manifest_fields(ctx, model, models[name])
     manifest = {"schema": SCHEMA, "target": {k: cfg["target"][k] for k in (
                     "name", "description", "definition_sha256", "fallback")},
                 "models": models}

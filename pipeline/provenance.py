@@ -103,8 +103,10 @@ def statement(subjects: dict, models: list, target, tools: dict, external: dict,
                      "digest": {"sha256": spec.source_sha256}})
         deps.append({"name": f"models/{spec.name}/model.yaml",
                      "digest": {"sha256": sha256_file(spec.spec_path)}})
-        for path in spec.input_files():  # test / calibration data
-            deps.append({"name": f"models/{spec.name}/{path.name}",
+        for path in spec.input_files():  # test, calibration and evaluation data
+            name = (path.relative_to(spec.dir).as_posix() if path.is_relative_to(spec.dir)
+                    else path.name)
+            deps.append({"name": f"models/{spec.name}/{name}",
                          "digest": {"sha256": sha256_file(path)}})
     deps.append({"name": f"targets/{target.name}.yaml", "digest": {"sha256": target.sha256}})
     for tool, version in sorted(tools.items()):

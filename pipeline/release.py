@@ -17,6 +17,9 @@ artifacts/releases/<target>/<version>/
 Gates: an artifact whose validation status is not "passed" (e.g. "twin-passed": validated
 through a twin build, the shipped bytes never ran) is refused unless its model spec waives it
 (`release: {waivers: [{abi, reason}]}`); a used waiver is recorded in manifest.json.
+Precision variants (`<model>.<variant>` in the build manifest) ship like models: the build
+manifest lists only variants that passed their accuracy gate; they share their model's spec
+(waivers, I/O contract) and licenses, and release.json says what they are a variant of.
 Reproducible: sorted entries, mtimes = SOURCE_DATE_EPOCH (default DEFAULT_EPOCH, never the
 clock), owner 0/0 with no names, mode 0644, no gzip name or timestamp; Ed25519 signatures are
 deterministic. Immutable: an existing version is never rewritten; the same content is a no-op.
@@ -83,7 +86,9 @@ def run(project, target: str | None, version: str | None, key: str | None) -> st
                             hint=f"run `doit build target={target}` first (it failed, or never ran)")
     build = json.loads(build_path.read_text())
     ship, doc, waivers = plan(project, spec, build, **where)
-    artifacts = [{"model": m, "abi": a, "path": art["file"], "sha256": art["sha256"]}
+    # a precision variant's artifacts belong to its model's SBOM component
+    artifacts = [{"model": entry.get("variant_of", m), "abi": a, "path": art["file"],
+                  "sha256": art["sha256"]}
                  for m, entry in doc["models"].items() for a, art in entry["artifacts"].items()]
     models = [m for m in project.models if m.name in doc["models"]]
     tools = _tools(project.layout, build, **where)
@@ -159,7 +164,7 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
     measured = _bench_figures(project.layout, target_spec.name)
     ship, models, waivers, refused = {}, {}, [], []
     for name, entry in sorted(build["models"].items()):
-        spec = specs[name]
+        spec = specs[entry.get("variant_of", name)]  # a variant ships under its model's spec
         artifacts = {}
         for abi, art in sorted(entry["artifacts"].items()):
             status = art["validation"]["status"]
@@ -175,11 +180,14 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
             artifacts[abi] = _artifact(art, file, waiver, measured.get((name, abi, art["sha256"])))
         licenses = []
         for path in spec.licenses:
-            licenses.append(f"licenses/{name}/{path.name}")
+            licenses.append(f"licenses/{spec.name}/{path.name}")
             ship[licenses[-1]] = (path, None)
         models[name] = {"description": entry["description"], "source": entry["source"],
                         "licenses": licenses, "io": _contract(spec, entry["io"]),
                         "artifacts": artifacts}
+        if "variant_of" in entry:  # a precision variant: what it is, how it was made, its gate
+            models[name].update({k: entry[k] for k in ("variant_of", "precision", "quantization",
+                                                       "accuracy")})
     if refused:
         body = "\n".join(f"  - {r}" for r in refused)
         raise PipelineError(f"{len(refused)} artifact(s) may not ship, nothing was released:\n{body}",
@@ -255,7 +263,9 @@ def _tools(layout, build: dict, **where) -> dict:
     """Every tool version that went into the artifacts: the model stages' and each artifact's."""
     tools = {}
     for name, entry in build["models"].items():
-        for stage in ("import", "golden", "static"):
+        stages = ("quantize", "accuracy", "golden") if "variant_of" in entry else (
+            "import", "golden", "static")
+        for stage in stages:
             record = layout.model_stage(name, stage) / "step.json"
             if not record.is_file():
                 raise PipelineError(f"{record} is missing", **where,

@@ -190,8 +190,7 @@ def window_text(settings: dict) -> str:
 
 
 def _precision(artifact: dict) -> str:
-    # Every artifact built today comes from the fp32 static model; a quantize stage that records
-    # `precision` in the manifest gets its own table.
+    # Artifacts of precision variants (pipeline/variants.py) record `precision`; fp32 ones do not.
     return artifact.get("precision", "fp32")
 
 
@@ -299,6 +298,22 @@ def render(summary: dict, results: dict, manifest: dict) -> str:
                 p.append(split_svg(row))
                 p.append(distribution_svg(res))
 
+    if summary.get("variants"):
+        p.append("<h2>Precision variants vs fp32</h2><p class=\"muted\">each variant's artifact "
+                 "next to its model's fp32 artifact for the same ABI; speedup = fp32 p50 / variant "
+                 "p50 (IREE artifacts, same run).</p><table><tr><th class=l>model</th>"
+                 "<th class=l>abi</th><th class=l>precision</th><th>size</th><th>fp32 size</th>"
+                 "<th>p50 ms</th><th>fp32 p50 ms</th><th>speedup</th><th>onnxruntime p50 ms</th>"
+                 "<th>onnxruntime fp32 p50 ms</th></tr>")
+        for v in summary["variants"]:
+            speed = "n/a" if v["speedup"] is None else f"{v['speedup']:.2f}x"
+            p.append(f"<tr><td class=l>{escape(v['model'])}</td><td class=l>{escape(v['abi'])}</td>"
+                     f"<td class=l>{escape(v['precision'])}</td><td>{_size(v['size'])}</td>"
+                     f"<td>{_size(v['fp32_size']) if v['fp32_size'] else 'n/a'}</td>"
+                     f"<td>{_ms(v['p50_ms'])}</td><td>{_ms(v['fp32_p50_ms'])}</td><td><b>{speed}</b>"
+                     f"</td><td>{_ms(v['onnxruntime_p50_ms'])}</td>"
+                     f"<td>{_ms(v['fp32_onnxruntime_p50_ms'])}</td></tr>")
+        p.append("</table>")
     if summary["artifacts"]:
         p.append("<h2>Size vs latency</h2><p class=\"muted\">one point per measured artifact at its "
                  "p50; the vertical line spans min to p90.</p>")

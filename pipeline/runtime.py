@@ -2,6 +2,8 @@
 
     from pipeline.runtime import Runner
     runner = Runner.open("artifacts/rk3588/manifest.json", "ppocr_det")   # or prefer=/vulkan_driver=
+    runner = Runner.open("artifacts/rk3588/manifest.json", "ppocr_cls", variant="int8")
+                                       # a precision variant (the manifest's "ppocr_cls.int8")
     print(runner.choice.explain())     # which artifact, and why each one before it was passed over
     (probs,) = runner.run(image)       # numpy in, numpy out; the module is loaded once
 
@@ -98,17 +100,21 @@ class Runner:
 
     # -------------------------------------------------------------------------- choosing
     @classmethod
-    def open(cls, manifest: str | Path, model: str, *, prefer: str | None = None,
-             vulkan_driver: str | None = None, allow_emulation: bool = True,
-             base: str | Path | None = None) -> "Runner":
+    def open(cls, manifest: str | Path, model: str, *, variant: str | None = None,
+             prefer: str | None = None, vulkan_driver: str | None = None,
+             allow_emulation: bool = True, base: str | Path | None = None) -> "Runner":
         manifest = Path(manifest)
         doc = json.loads(manifest.read_text())
         base = Path(base) if base else manifest.parent.parent  # paths are relative to artifacts/
         target = doc["target"]["name"]
+        if variant not in (None, "fp32"):  # a precision variant: its own manifest entry
+            model = f"{model}.{variant}"
         where = {"model": model, "target": target}
         if model not in doc["models"]:
             raise PipelineError(f"no model {model!r} in {manifest} (it has: "
-                                f"{', '.join(doc['models'])})", stage=STAGE, **where)
+                                f"{', '.join(doc['models'])})", stage=STAGE, **where,
+                                hint="a precision variant is listed only when it passed its "
+                                     "accuracy gate; see `doit accuracy`")
         entry_doc = doc["models"][model]
         artifacts = entry_doc["artifacts"]
         order = [a for a in doc["target"].get("fallback", list(artifacts)) if a in artifacts]

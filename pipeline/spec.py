@@ -90,6 +90,8 @@ class ModelSpec:
     signature: dict = field(default_factory=dict, compare=False, hash=False)
     release: dict = field(default_factory=dict, compare=False, hash=False)  # see _release()
     skip: tuple = ()  # ((ABI name pattern, reason), ...): ABIs this model is not built for
+    variants: tuple = ()  # precision variants (variants.VariantSpec), see pipeline/variants.py
+    preprocessing: dict = field(default_factory=dict, compare=False, hash=False)  # input -> calibration.Preprocessing
 
     def skip_reason(self, abi: str) -> str | None:
         """Why this model is not built for `abi` (a declared, recorded decision), or None."""
@@ -104,10 +106,12 @@ class ModelSpec:
         return self.spec_path.parent
 
     def input_files(self) -> list[Path]:
-        return [i.test_data.file for i in self.inputs if i.test_data.kind == "file"]
+        return ([i.test_data.file for i in self.inputs if i.test_data.kind == "file"]
+                + [p for v in self.variants for p in v.data_files()])
 
 
-_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release", "skip"}
+_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release", "skip",
+               "variants", "preprocessing"}
 _SOURCE_KEYS = {"path", "sha256"}
 _INPUT_KEYS = {"shape", "dtype", "test_data"}
 _TOLERANCE_KEYS = {"max_abs", "mean_abs", "cosine"}
@@ -264,6 +268,8 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
                         f"(e.g. 'vulkan-*': 'IREE miscompiles ...'); a skip without a reason is "
                         f"not allowed")
         skip = {}
+    from .variants import parse as parse_variants
+    preprocessing, variants = parse_variants(raw, spec_path.parent, inputs, tolerance, where, problems)
 
     if problems:
         return None, list(problems)
@@ -272,7 +278,8 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
                      opset=opset, description=str(raw.get("description", "")),
                      licenses=tuple(p.resolve() for p in licenses), signature=signature,
                      release=release, skip=tuple(sorted((k, " ".join(v.split()))
-                                                        for k, v in skip.items()))), []
+                                                        for k, v in skip.items())),
+                     variants=variants, preprocessing=preprocessing), []
 
 
 def _release(raw, signature: dict, where: str, problems: _Problems) -> dict:

@@ -84,8 +84,22 @@ def run(ctx) -> None:
                         f"({summary(result)})",
                         hint="the compiled artifact is numerically wrong for this tolerance: "
                              "try without the ABI's optional flags, or report it to IREE")
+    vs_fp32 = None
+    if "reference_tolerance" in ctx.config:  # a precision variant: also against fp32, within its gate
+        reference = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False)
+                     for e in doc["reference"]]
+        vs_fp32 = compare([a.astype(r.dtype) for a, r in zip(actual, reference)], reference, names,
+                          ctx.config["reference_tolerance"])
+        if not vs_fp32["passed"]:
+            raise ctx.error(f"the {ctx.config['precision']} artifact differs from fp32 beyond the "
+                            f"variant's gate: {describe_failures(vs_fp32)} ({summary(vs_fp32)})",
+                            hint="the variant passed its gate in onnxruntime; the compiled form "
+                                 "does not: compare with its own golden (validation.json)")
     report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
               "outputs": result["outputs"], "shipped_bytes_executed": not twin}
+    if vs_fp32 is not None:
+        report["vs_fp32"] = {"tolerance": ctx.config["reference_tolerance"],
+                             "outputs": vs_fp32["outputs"]}
     if twin:
         # The shipped bytes were not run: say exactly what was, and what is still owed.
         report["status"] = "twin-passed"
