@@ -169,11 +169,19 @@ class IreeCpuRunner:
                                     f"{_IREE_TASK_THREADS[0]} worker threads; cannot bench with "
                                     f"{self.threads}", stage=STAGE,
                                     hint="bench different thread counts in separate doit runs")
-        self.device = rt.get_driver(device).create_default_device()
+        self._load(device, vmfb, entry)
+
+    def _load(self, driver: str, vmfb: Path, entry: str) -> None:
+        rt = self.rt
+        self.device = rt.get_driver(driver).create_default_device()
         config = rt.Config(device=self.device)
         self.context = rt.SystemContext(config=config)
         self.context.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(vmfb)))
         self.function = self.context.modules.module[entry]
+
+    @staticmethod
+    def read_back(result):
+        return result.to_host()
 
     def describe(self) -> dict:
         return {"kind": "iree-cpu", "runtime": f"iree-base-runtime "
@@ -191,7 +199,7 @@ class IreeCpuRunner:
         results = self.function(*on_device)
         t2 = clock()
         results = results if isinstance(results, (tuple, list)) else (results,)
-        outputs = [r.to_host() for r in results]
+        outputs = [self.read_back(r) for r in results]
         t3 = clock()
         return {"copy_in": t1 - t0, "invoke": t2 - t1, "read_back": t3 - t2}, outputs
 
@@ -217,11 +225,12 @@ class IreeVulkanRunner(IreeCpuRunner):
             raise PipelineError(f"cannot bench on Vulkan driver {driver!r}: {why}", stage=STAGE)
         self.vk_device = devices[0].describe()
         self.rt, self.clock, self.driver, self.threads = rt, clock, "vulkan", threads
-        self.device = rt.get_driver("vulkan").create_default_device()
-        config = rt.Config(device=self.device)
-        self.context = rt.SystemContext(config=config)
-        self.context.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(vmfb)))
-        self.function = self.context.modules.module[entry]
+        self._load("vulkan", vmfb, entry)
+
+    @staticmethod
+    def read_back(result):
+        from .runtime import to_host
+        return to_host(result)
 
     def describe(self) -> dict:
         return {"kind": "iree-vulkan", "runtime": f"iree-base-runtime "
@@ -230,19 +239,6 @@ class IreeVulkanRunner(IreeCpuRunner):
                 "phases": {"copy_in": "iree.runtime.asdevicearray(device, input) per input",
                            "invoke": "entry function call (returns when the results are ready)",
                            "read_back": "staging-buffer copy per output (pipeline.runtime.to_host)"}}
-
-    def __call__(self, inputs: list) -> tuple[dict, list]:
-        from .runtime import to_host
-        clock, rt = self.clock, self.rt
-        t0 = clock()
-        on_device = [rt.asdevicearray(self.device, a) for a in inputs]
-        t1 = clock()
-        results = self.function(*on_device)
-        results = results if isinstance(results, (tuple, list)) else (results,)
-        t2 = clock()
-        outputs = [to_host(r) for r in results]
-        t3 = clock()
-        return {"copy_in": t1 - t0, "invoke": t2 - t1, "read_back": t3 - t2}, outputs
 
 
 class OnnxruntimeCpuRunner:
