@@ -286,21 +286,21 @@ def vulkan_target_record(target: str, features: str | None, memo_dir: Path | Non
     from .store import atomic_write_text, canonical_json, sha256_text
     version = importlib.metadata.version("iree-base-compiler")
     key = sha256_text(canonical_json({"iree": version, "target": target, "features": features,
-                                      "record": 1}))
+                                      "record": 2}))
     memo = memo_dir / "vulkan_target_records" / f"{key}.json" if memo_dir else None
     if memo and memo.is_file():
         return json.loads(memo.read_text())
     from iree.compiler.tools.binaries import find_tool
     with tempfile.TemporaryDirectory() as tmp:
-        src, dump = Path(tmp) / "probe.mlir", Path(tmp) / "executables"
+        src, dump = Path(tmp) / "probe.mlir", Path(tmp) / "executables.mlir"
         src.write_text(_PROBE_MLIR)
         argv = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=vulkan",
-                f"--iree-vulkan-target={target}", f"--iree-hal-dump-executable-sources-to={dump}",
-                "-o", str(Path(tmp) / "probe.vmfb")]
+                f"--iree-vulkan-target={target}", "--compile-to=executable-sources",
+                "-o", str(dump)]
         if features:
             argv.insert(-2, f"--iree-vulkan-target-features={features}")
         subprocess.run(argv, capture_output=True, text=True, check=True)
-        record = requirements(dump)
+        record = requirements(dump.read_text())
     if memo:
         atomic_write_text(memo, canonical_json(record))
     return record
