@@ -68,6 +68,8 @@ def run(ctx) -> None:
                              "ops": static["ops"]},
             "artifacts": artifacts,
             "skipped": model["skipped"],  # ABI -> why this model is not built for it
+            # shape variants (variants.py): `variant_of`/`variant` on each, `variants` on the model
+            **{k: model[k] for k in ("variant_of", "variant", "variants") if k in model},
         }
     manifest = {"schema": SCHEMA, "target": {k: cfg["target"][k] for k in (
                     "name", "description", "definition_sha256", "fallback")},
