@@ -178,7 +178,8 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
             ship[licenses[-1]] = (path, None)
         models[name] = {"description": entry["description"], "source": entry["source"],
                         "licenses": licenses, "io": _contract(spec, entry["io"]),
-                        "artifacts": artifacts}
+                        "artifacts": artifacts,
+                        **{k: entry[k] for k in ("variant_of", "variant", "variants") if k in entry}}
     if refused:
         body = "\n".join(f"  - {r}" for r in refused)
         raise PipelineError(f"{len(refused)} artifact(s) may not ship, nothing was released:\n{body}",

@@ -136,7 +136,7 @@ class ConversionError(Exception):
 def _nnef_tools(args: list[str], log: Path | None) -> None:
     """Run `python -m nnef_tools.convert` (a child process: it prints freely and may exit)."""
     argv = [sys.executable, "-m", "nnef_tools.convert", *args]
-    env_path = str(Path(__file__).resolve().parent)  # nnef_fixes is imported by module name
+    env_path = str(Path(__file__).resolve().parent.parent)  # --custom-converters imports by name
     import os
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([env_path, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -157,7 +157,7 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> None:
             nnef_dir = Path(tmp) / "model.nnef"
             _nnef_tools(["--input-format", "tflite", "--output-format", "nnef", "--input-model",
                          str(source), "--output-model", str(nnef_dir), "--keep-io-names",
-                         "--custom-converters", "nnef_fixes"], log)
+                         "--custom-converters", "pipeline.nnef_fixes"], log)
         _nnef_tools(["--input-format", "nnef", "--output-format", "onnx", "--input-model",
                      str(nnef_dir), "--output-model", str(out), "--keep-io-names"], log)
     _clean_onnx(out)

@@ -92,7 +92,7 @@ class ModelSpec:
     release: dict = field(default_factory=dict, compare=False, hash=False)  # see _release()
     skip: tuple = ()  # ((ABI name pattern, reason), ...): ABIs this model is not built for
     source_format: str = "onnx"   # onnx | tflite | nnef (see sources.py)
-    variant_of: str | None = None  # a shape variant `base@variant` of model `base` (see variants.py)
+    variant_of: str | None = None  # a shape variant `base.variant` of model `base` (see variants.py)
     variant: str | None = None
     variants: tuple = ()          # on the base model: the names of its variant specs
 
@@ -279,6 +279,9 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
         skip = {}
 
     variant_shapes = variants.parse(raw.get("variants"), raw.get("inputs") or {}, where, problems)
+    if "error" not in signature:
+        variants.check(signature, raw.get("inputs") or {}, inputs, variant_shapes, where, problems,
+                       _check_against_model)
     if problems:
         return None, list(problems)
     spec = ModelSpec(name=name, spec_path=spec_path.resolve(), source=source,
@@ -288,8 +291,7 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                      release=release, skip=tuple(sorted((k, " ".join(v.split()))
                                                         for k, v in skip.items())),
                      source_format=sources.source_format(source))
-    return variants.expand(spec, variant_shapes, raw.get("inputs") or {}, where, problems,
-                           _check_against_model), list(problems)
+    return variants.expand(spec, variant_shapes), []
 
 
 def _release(raw, signature: dict, where: str, problems: _Problems) -> dict:

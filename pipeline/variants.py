@@ -4,7 +4,7 @@
     variants:                                        # more fixed shapes of the same source
       48x320: {inputs: {x: {shape: [1, 3, 48, 320]}}}
 
-Each variant becomes a ModelSpec named `<model>@<variant>` (e.g. `ppocr_cls@48x320`) at
+Each variant becomes a ModelSpec named `<model>.<variant>` (e.g. `ppocr_cls.48x320`) at
 spec-load time, with the model's dtypes, test data, tolerance, skips and release section and its
 own shapes; it has its own golden, static model, artifacts and validation, and shares the
 model's source and import step. The model keeps its plain name (apps, releases and tests that
@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-VARIANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
-SEP = "@"
+VARIANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+SEP = "."  # not "@": iree-run-module cannot load a --module= path holding "@"
 
 
 def parse(raw, raw_inputs: dict, where: str, problems: list) -> dict:
@@ -55,19 +55,26 @@ def parse(raw, raw_inputs: dict, where: str, problems: list) -> dict:
     return out
 
 
-def expand(spec, shapes: dict, raw_inputs: dict, where: str, problems: list, check) -> list | None:
-    """[spec, spec@v1, spec@v2, ...]; `check` is spec._check_against_model (rank, fixed dims)."""
-    if spec is None:
-        return None
+def bind(inputs, shapes: dict) -> dict:
+    """{variant name: the model's InputSpecs with the variant's shapes}."""
+    return {v: tuple(dataclasses.replace(i, shape=bound.get(i.name, i.shape)) for i in inputs)
+            for v, bound in shapes.items()}
+
+
+def check(signature: dict, raw_inputs: dict, inputs, shapes: dict, where: str, problems: list,
+          check_against_model) -> None:
+    """Each variant's shapes against the model (rank, fixed dims): spec._check_against_model."""
+    if signature and "inputs" in signature:
+        for vname, bound in bind(inputs, shapes).items():
+            check_against_model(signature, raw_inputs, list(bound), f"{where}: variants.{vname}", problems)
+
+
+def expand(spec, shapes: dict) -> list:
+    """[spec, spec.v1, spec.v2, ...]: one ModelSpec per variant, after the spec is checked."""
     out = []
-    for vname, bound in shapes.items():
-        inputs = tuple(dataclasses.replace(i, shape=bound.get(i.name, i.shape)) for i in spec.inputs)
-        if spec.signature and "inputs" in spec.signature:
-            check(spec.signature, raw_inputs, list(inputs), f"{where}: variants.{vname}", problems)
+    for vname, inputs in bind(spec.inputs, shapes).items():
         shown = ", ".join(f"{i.name} {list(i.shape)}" for i in inputs)
         out.append(dataclasses.replace(spec, name=f"{spec.name}{SEP}{vname}", inputs=inputs,
                                        variant_of=spec.name, variant=vname, variants=(),
                                        description=f"{spec.description} [variant {vname}: {shown}]"))
-    if problems:
-        return None
     return [dataclasses.replace(spec, variants=tuple(v.name for v in out)), *out]
