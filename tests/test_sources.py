@@ -256,3 +256,14 @@ def test_basic_pitch_onnx_and_tflite_goldens_agree_and_the_tflite_route_fails_cl
     out = result.stdout + result.stderr
     assert "[model=basic_pitch stage=import] tflite->nnef->onnx (nnef-tools) failed" in out
     assert "RESHAPE" in out and "non-constant tensor" in out
+
+
+def test_a_layout_flip_in_the_conversion_is_named_never_silent():
+    nhwc = {"inputs": [{"name": "input_1", "dtype": "float32", "dims": [1, 192, 192, 3]}],
+            "outputs": [{"name": "y", "dtype": "float32", "dims": [1, 10]}]}
+    nchw = {"inputs": [{"name": "input_1", "dtype": "float32", "dims": [1, 3, 192, 192]}],
+            "outputs": [{"name": "y", "dtype": "float32", "dims": [1, 10]}]}
+    assert sources.io_mismatches(nhwc, nhwc) == []
+    (problem,) = sources.io_mismatches(nhwc, nchw)
+    assert "input 'input_1': shape [1, 192, 192, 3] became [1, 3, 192, 192]" in problem
+    assert "NHWC -> NCHW" in problem
