@@ -239,7 +239,8 @@ def _tools(layout, build: dict, **where) -> dict:
     tools = {}
     for name, entry in build["models"].items():
         for stage in ("import", "golden", "static"):
-            record = layout.model_stage(name, stage) / "step.json"
+            owner = entry.get("variant_of", name) if stage == "import" else name  # variants share it
+            record = layout.model_stage(owner, stage) / "step.json"
             if not record.is_file():
                 raise PipelineError(f"{record} is missing", **where,
                                     hint=f"run `doit build target={where['target']}` again")
