@@ -19,6 +19,7 @@ outputs to have exactly the source's names, order, shapes and dtypes.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -136,9 +137,8 @@ class ConversionError(Exception):
 def _nnef_tools(args: list[str], log: Path | None) -> None:
     """Run `python -m nnef_tools.convert` (a child process: it prints freely and may exit)."""
     argv = [sys.executable, "-m", "nnef_tools.convert", *args]
-    env_path = str(Path(__file__).resolve().parent.parent)  # --custom-converters imports by name
-    import os
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([env_path, os.environ.get("PYTHONPATH", "")])}
+    repo = str(Path(__file__).resolve().parent.parent)  # --custom-converters imports pipeline.nnef_fixes
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if log:
         with open(log, "a") as fh:

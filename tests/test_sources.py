@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, Workspace, add_default_model, add_tiny_model, sha256
+from conftest import FIXTURES, REPO, add_default_model, add_tiny_model, require, sha256
 from pipeline import sources
 from pipeline.errors import SpecError
 from pipeline.graph import load_project
@@ -236,7 +236,6 @@ def test_basic_pitch_onnx_and_tflite_goldens_agree_and_the_tflite_route_fails_cl
     one either: reflect Pad on 3-D tensors), so no artifacts of it exist to compare."""
     import onnxruntime as ort
     onnx_src, tfl_src = SHARED / "basic-pitch-0.4.0__nmp.onnx", SHARED / "basic-pitch-0.4.0__nmp.tflite"
-    from conftest import require
     require(onnx_src.is_file() and tfl_src.is_file(), f"{SHARED} holds the basic-pitch models")
     x = np.random.default_rng(0).uniform(-1, 1, (1, 43844, 1)).astype(np.float32)
     tfl = sources.tflite_run(tfl_src, {"serving_default_input_2:0": x})
