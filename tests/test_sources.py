@@ -266,3 +266,25 @@ def test_a_layout_flip_in_the_conversion_is_named_never_silent():
     (problem,) = sources.io_mismatches(nhwc, nchw)
     assert "input 'input_1': shape [1, 192, 192, 3] became [1, 3, 192, 192]" in problem
     assert "NHWC -> NCHW" in problem
+
+
+def test_variants_build_validate_and_are_listed_in_the_manifest_for_apps(workspace):
+    """Built for the host: each variant has its own artifact; the runtime helper opens it by name."""
+    spec = add_tiny_model(workspace.models, "tiny")
+    spec.write_text(spec.read_text() + "variants:\n  b2:\n    inputs:\n      x: {shape: [2, 3, 16, 16]}\n")
+    workspace.build("target=host")
+    doc = json.loads((workspace.artifacts / "host" / "manifest.json").read_text())
+    base, variant = doc["models"]["tiny"], doc["models"]["tiny.b2"]
+    assert base["variants"] == ["tiny.b2"] and "variant_of" not in base
+    assert (variant["variant_of"], variant["variant"]) == ("tiny", "b2")
+    assert variant["io"]["inputs"][0]["shape"] == [2, 3, 16, 16]
+    assert variant["io"]["outputs"][0]["shape"] == [2, 10]
+    assert base["source"] == variant["source"]
+    a, b = base["artifacts"]["cpu-x86_64"], variant["artifacts"]["cpu-x86_64"]
+    assert a["sha256"] != b["sha256"] and b["validation"]["status"] == "passed"
+    from pipeline.runtime import Runner
+    runner = Runner.open(workspace.artifacts / "host" / "manifest.json", "tiny.b2")
+    x = np.load(workspace.artifacts / "models" / "tiny.b2" / "golden" / "input_0.npy")
+    (y,) = runner.run(x)
+    golden = np.load(workspace.artifacts / "models" / "tiny.b2" / "golden" / "output_0.npy")
+    assert y.shape == (2, 10) and np.abs(y - golden).max() < 1e-4
