@@ -39,14 +39,22 @@ def run(ctx) -> None:
         except ValueError as exc:
             raise ctx.error(f"test data for input {spec['name']!r}: {exc}",
                             hint="regenerate the .npy with the shape and dtype of the spec")
+    reference = ctx.config.get("reference", "onnxruntime (source)")
     try:
-        sess = session(ctx.input("source"))
-        names = [o.name for o in sess.get_outputs()]
-        results = sess.run(None, {s["name"]: a for s, a in zip(specs, arrays)})
+        if reference == "litert (source)":  # a TFLite source: its own interpreter is the reference
+            from .sources import tflite_run
+            got = tflite_run(ctx.input("source"), {s["name"]: a for s, a in zip(specs, arrays)})
+            names = ctx.config["outputs"]
+            results = [got[n] for n in names]
+        else:
+            sess = session(ctx.input("source"))
+            names = [o.name for o in sess.get_outputs()]
+            results = sess.run(None, {s["name"]: a for s, a in zip(specs, arrays)})
     except Exception as exc:
-        raise ctx.error(f"onnxruntime cannot run the source model on the test inputs: "
-                        f"{str(exc).strip().splitlines()[-1]}",
-                        hint="check the input shapes and dtypes in the spec")
+        raise ctx.error(f"{reference.split()[0]} cannot run the source model on the test inputs "
+                        f"{[list(a.shape) for a in arrays]}: {str(exc).strip().splitlines()[-1]}",
+                        hint="check the input shapes and dtypes in the spec (or the variant's); "
+                             "the model may not accept these shapes")
     doc = {"inputs": [], "outputs": []}
     for i, (spec, array) in enumerate(zip(specs, arrays)):
         np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)

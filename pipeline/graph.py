@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import golden, import_model, iree_compile, manifest, static, validate, variants
+from . import golden, import_model, iree_compile, manifest, sources, static, validate, variants
 from .layout import Layout
 from .spec import TARGETS_DIR, ModelSpec, TargetSpec, known_targets, load_models, load_target
 from .steps import Step
@@ -27,6 +27,8 @@ class Project:
     def steps(self, stage: str) -> list[Step]:
         out = []
         for model in self.models:
+            if stage == "import" and model.shape_of:
+                continue  # a shape variant shares its model's source and import step
             if stage in ("import", "golden", "static"):
                 out.append(STAGE_STEPS[stage](self.layout, model))
             elif stage in ("iree_compile", "validate"):
@@ -66,31 +68,45 @@ def _golden_files(layout: Layout, model: ModelSpec) -> dict:
 
 
 def import_step(layout: Layout, model: ModelSpec) -> Step:
+    config = {"opset": model.opset}
+    if model.source_format != "onnx":  # converted to ONNX first (sources.py); ONNX keys unchanged
+        config.update(format=model.source_format, route=sources.ROUTES[model.source_format],
+                      io={k: model.signature[k] for k in ("inputs", "outputs")},
+                      custom_ops=model.signature.get("custom_ops", []))
     return Step(stage="import", name=model.name, version=import_model.VERSION,
-                config={"opset": model.opset}, inputs={"source": model.source},
+                config=config, inputs=sources.source_files(model.source),
                 outputs=import_model.OUTPUTS, out_dir=layout.model_stage(model.name, "import"),
-                tools=("onnx",), action=import_model.run, layout=layout,
+                tools=("onnx",) + sources.TOOLS[model.source_format], action=import_model.run,
+                layout=layout,
                 doc=f"check {model.source.name} and normalise it to opset >= {model.opset}",
                 where={"model": model.name})
 
 
 def golden_step(layout: Layout, model: ModelSpec) -> Step:
-    inputs = {"source": model.source}
+    # the reference: the source itself (onnxruntime, or LiteRT for TFLite); for NNEF, which has no
+    # interpreter here, onnxruntime on its conversion
+    fmt = model.source_format
+    inputs = ({"source": layout.model_stage(model.base, "import") / "model.onnx"} if fmt == "nnef"
+              else {"source": model.source})
     for spec in model.inputs:
         if spec.test_data.kind == "file":
             inputs[f"test_data:{spec.name}"] = spec.test_data.file
     n_out = len(model.signature["outputs"])
     return Step(stage="golden", name=model.name, version=golden.VERSION,
-                config={"inputs": [i.as_dict() for i in model.inputs], "n_outputs": n_out},
+                config={"inputs": [i.as_dict() for i in model.inputs], "n_outputs": n_out,
+                        **({"reference": sources.GOLDEN[fmt],
+                            "outputs": [o["name"] for o in model.signature["outputs"]]}
+                           if fmt != "onnx" else {})},
                 inputs=inputs, outputs=golden.outputs_for(len(model.inputs), n_out),
                 out_dir=layout.model_stage(model.name, "golden"),
-                tools=("onnxruntime", "numpy"), action=golden.run, layout=layout,
-                doc="onnxruntime CPU outputs of the source model on the fixed test inputs",
-                where={"model": model.name}, after=(f"import:{model.name}",))
+                tools=("onnxruntime", "numpy") + (("ai-edge-litert",) if fmt == "tflite" else ()),
+                action=golden.run, layout=layout,
+                doc=f"{sources.GOLDEN[fmt]} outputs on the fixed test inputs",
+                where={"model": model.name}, after=(f"import:{model.base}",))
 
 
 def static_step(layout: Layout, model: ModelSpec) -> Step:
-    inputs = {"model": layout.model_stage(model.name, "import") / "model.onnx",
+    inputs = {"model": layout.model_stage(model.base, "import") / "model.onnx",
               **_golden_files(layout, model)}
     return Step(stage="static", name=model.name, version=static.VERSION,
                 config={"inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
@@ -167,7 +183,12 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
             inputs[f"{prefix}:validate.step"] = checked / "step.json"
         inputs.update(variants.manifest_inputs(layout, model, target))
     models_cfg = [{"name": m.name, "description": m.description,
-                   "source": {"file": m.source.name, "sha256": m.source_sha256},
+                   "source": {"file": m.source.name, "sha256": m.source_sha256,
+                              **({"format": m.source_format, "route": sources.ROUTES[m.source_format],
+                                  "golden": sources.GOLDEN[m.source_format]}
+                                 if m.source_format != "onnx" else {})},
+                   **({"shape_of": m.shape_of, "shape": m.shape} if m.shape_of else {}),
+                   **({"shapes": list(m.shapes)} if m.shapes else {}),
                    "licenses": [p.name for p in m.licenses],
                    "skipped": {a.name: m.skip_reason(a.name) for a in target.abis
                                if m.skip_reason(a.name)}} for m in models]

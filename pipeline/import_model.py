@@ -22,7 +22,10 @@ def run(ctx) -> None:
     import onnx
     from onnx import version_converter
 
-    source = ctx.input("source")
+    fmt = ctx.config.get("format", "onnx")
+    source = ctx.input("source") if fmt == "onnx" else None
+    if fmt != "onnx":
+        source = _convert(ctx, fmt)
     try:
         model = onnx.load(str(source))
     except Exception as exc:
@@ -50,8 +53,33 @@ def run(ctx) -> None:
         (n.domain or "ai.onnx") + "::" + n.op_type if n.domain not in ("", "ai.onnx") else n.op_type
         for n in model.graph.node)
     ctx.output("model.onnx").write_bytes(model.SerializeToString(deterministic=True))
-    report = {"source_opset": source_opset, "opset": main_opset(model),
+    report = {**({"format": fmt, "route": ctx.config["route"]} if fmt != "onnx" else {}),
+              "source_opset": source_opset, "opset": main_opset(model),
               "ir_version": model.ir_version, "producer": model.producer_name,
               "graph_name": model.graph.name, "nodes": len(model.graph.node),
               "ops": dict(sorted(ops.items()))}
     ctx.output("import.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def _convert(ctx, fmt: str):
+    """A TFLite file or NNEF folder -> ONNX in the scratch folder (sources.py), interface checked."""
+    from . import sources
+    from .spec import read_signature
+    if ctx.config.get("custom_ops"):
+        raise ctx.error(f"the TFLite model uses custom op(s) {', '.join(ctx.config['custom_ops'])}: "
+                        f"neither the LiteRT builtin interpreter (golden) nor nnef-tools (the route "
+                        f"to ONNX) can run or convert them",
+                        hint="re-export the model with builtin TFLite ops only (or replace those ops)")
+    source = ctx.input(f"source:{sources.NNEF_GRAPH}").parent if fmt == "nnef" else ctx.input("source")
+    converted = ctx.output("model.onnx")  # rewritten below once checked and opset-normalised
+    try:
+        sources.to_onnx(source, fmt, converted, log=ctx.log)
+    except sources.ConversionError as exc:
+        raise ctx.error(f"{ctx.config['route']} failed: {exc}", log=True,
+                        hint="an op nnef-tools cannot convert needs a custom converter in "
+                             "pipeline/nnef_fixes.py, or a re-export of the model")
+    mismatch = sources.io_mismatches(ctx.config["io"], read_signature(converted))
+    if mismatch:
+        raise ctx.error(f"the converted model's interface differs from the {fmt} source: "
+                        f"{'; '.join(mismatch)}", hint="report it; the conversion route changed the model")
+    return converted

@@ -71,6 +71,8 @@ def run(ctx) -> None:
                              "ops": static["ops"]},
             "artifacts": artifacts,
             "skipped": model["skipped"],  # ABI -> why this model is not built for it
+            # shape variants (shapes.py): `shape_of`/`shape` on each, `shapes` on the model
+            **{k: model[k] for k in ("shape_of", "shape", "shapes") if k in model},
         }
         if "variant_of" in model:  # a precision variant (pipeline/variants.py)
             from .variants import manifest_fields

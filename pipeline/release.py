@@ -184,7 +184,8 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
             ship[licenses[-1]] = (path, None)
         models[name] = {"description": entry["description"], "source": entry["source"],
                         "licenses": licenses, "io": _contract(spec, entry["io"]),
-                        "artifacts": artifacts}
+                        "artifacts": artifacts,
+                        **{k: entry[k] for k in ("shape_of", "shape", "shapes") if k in entry}}
         if "variant_of" in entry:  # a precision variant: what it is, how it was made, its gate
             models[name].update({k: entry[k] for k in ("variant_of", "precision", "quantization",
                                                        "accuracy")})
@@ -266,7 +267,8 @@ def _tools(layout, build: dict, **where) -> dict:
         stages = ("quantize", "accuracy", "golden") if "variant_of" in entry else (
             "import", "golden", "static")
         for stage in stages:
-            record = layout.model_stage(name, stage) / "step.json"
+            owner = entry.get("shape_of", name) if stage == "import" else name  # shapes share it
+            record = layout.model_stage(owner, stage) / "step.json"
             if not record.is_file():
                 raise PipelineError(f"{record} is missing", **where,
                                     hint=f"run `doit build target={where['target']}` again")

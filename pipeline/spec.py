@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from . import shapes, sources
 from .errors import PipelineError, SpecError
 from .store import atomic_write_text, canonical_json, sha256_file, sha256_text
 
@@ -92,6 +93,15 @@ class ModelSpec:
     skip: tuple = ()  # ((ABI name pattern, reason), ...): ABIs this model is not built for
     variants: tuple = ()  # precision variants (variants.VariantSpec), see pipeline/variants.py
     preprocessing: dict = field(default_factory=dict, compare=False, hash=False)  # input -> calibration.Preprocessing
+    source_format: str = "onnx"   # onnx | tflite | nnef (see sources.py)
+    shape_of: str | None = None   # a shape variant `base.shape` of model `base` (see shapes.py)
+    shape: str | None = None
+    shapes: tuple = ()            # on the base model: the names of its shape variants' specs
+
+    @property
+    def base(self) -> str:
+        """The model whose source (and import step) this spec shares."""
+        return self.shape_of or self.name
 
     def skip_reason(self, abi: str) -> str | None:
         """Why this model is not built for `abi` (a declared, recorded decision), or None."""
@@ -111,7 +121,7 @@ class ModelSpec:
 
 
 _MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release", "skip",
-               "variants", "preprocessing"}
+               "variants", "preprocessing", "shapes"}
 _SOURCE_KEYS = {"path", "sha256"}
 _INPUT_KEYS = {"shape", "dtype", "test_data"}
 _TOLERANCE_KEYS = {"max_abs", "mean_abs", "cosine"}
@@ -145,8 +155,8 @@ def _number(value, where: str, problems: _Problems, kind=float, minimum=None):
     return kind(value)
 
 
-def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec | None, list[str]]:
-    """Parse and check one model spec; returns (spec or None, problems)."""
+def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[ModelSpec] | None, list[str]]:
+    """Parse and check one model spec; returns ([spec, its shape variants...] or None, problems)."""
     problems = _Problems()
     name = spec_path.parent.name
     where = display(spec_path)
@@ -174,15 +184,15 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
                 problems.append(f"{where}: source: missing required key {key!r}")
             if "path" in src:
                 source = (spec_path.parent / str(src["path"])).resolve()
-                if not source.is_file():
+                if not source.exists():
                     problems.append(f"{where}: source.path: file not found: {source}")
                     source = None
-                elif source.suffix != ".onnx":
-                    problems.append(f"{where}: source.path: only .onnx sources are supported "
-                                    f"(got {source.suffix or 'no extension'})")
+                elif sources.source_format(source) is None:
+                    problems.append(f"{where}: source.path: a source is an .onnx or .tflite file or "
+                                    f"an NNEF graph folder (got {source.suffix or 'no extension'})")
                     source = None
             if source is not None and "sha256" in src:
-                actual = sha256_file(source)
+                actual = sources.source_sha256(source)
                 if str(src["sha256"]).lower() != actual:
                     problems.append(f"{where}: source.sha256: mismatch for {source.name}: spec says "
                                     f"{src['sha256']}, file is {actual}")
@@ -255,8 +265,10 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
     signature = {}
     if source is not None and source_sha is not None:
         signature = model_signature(source, source_sha, memo_dir)
+        fmt = sources.source_format(source)
         if "error" in signature:
-            problems.append(f"{where}: source.path: {source.name} is not a readable ONNX model: "
+            problems.append(f"{where}: source.path: {source.name} is not a readable "
+                            f"{ {'onnx': 'ONNX model', 'tflite': 'TFLite model', 'nnef': 'NNEF graph'}[fmt]}: "
                             f"{signature['error']}")
         elif ins is not None:
             _check_against_model(signature, raw.get("inputs") or {}, inputs, where, problems)
@@ -271,15 +283,21 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
     from .variants import parse as parse_variants
     preprocessing, variants = parse_variants(raw, spec_path.parent, inputs, tolerance, where, problems)
 
+    shape_variants = shapes.parse(raw.get("shapes"), raw.get("inputs") or {}, where, problems)
+    if "error" not in signature:
+        shapes.check(signature, raw.get("inputs") or {}, inputs, shape_variants, where, problems,
+                     _check_against_model)
     if problems:
         return None, list(problems)
-    return ModelSpec(name=name, spec_path=spec_path.resolve(), source=source,
+    spec = ModelSpec(name=name, spec_path=spec_path.resolve(), source=source,
                      source_sha256=source_sha, inputs=tuple(inputs), tolerance=tolerance,
                      opset=opset, description=str(raw.get("description", "")),
                      licenses=tuple(p.resolve() for p in licenses), signature=signature,
                      release=release, skip=tuple(sorted((k, " ".join(v.split()))
                                                         for k, v in skip.items())),
-                     variants=variants, preprocessing=preprocessing), []
+                     variants=variants, preprocessing=preprocessing,
+                     source_format=sources.source_format(source))
+    return shapes.expand(spec, shape_variants), []
 
 
 def _release(raw, signature: dict, where: str, problems: _Problems) -> dict:
@@ -406,6 +424,8 @@ def model_signature(source: Path, sha256: str, memo_dir: Path | None) -> dict:
 
 
 def read_signature(source: Path) -> dict:
+    if sources.source_format(source) != "onnx":
+        return sources.read_signature(source)
     import onnx  # heavy: only when the memo misses
     try:
         model = onnx.load(str(source), load_external_data=False)
@@ -445,8 +465,8 @@ def load_models(models_dir: Path, memo_dir: Path | None = None) -> tuple[ModelSp
     for spec_path in sorted(models_dir.glob("*/model.yaml")):
         spec, found = load_model(spec_path, memo_dir)
         problems += found
-        if spec:
-            specs.append(spec)
+        if spec and not found:
+            specs.extend(spec)  # the model, then its shape variants
     for folder in sorted(p for p in models_dir.iterdir() if p.is_dir()):
         if not (folder / "model.yaml").is_file() and not folder.name.startswith("."):
             problems.append(f"{folder}: no model.yaml (every folder under models/ is one model)")

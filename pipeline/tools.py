@@ -21,7 +21,7 @@ from .store import sha256_file
 
 # Python distributions whose version is part of a step key when the step uses them.
 DISTRIBUTIONS = ("onnx", "onnxsim", "onnxruntime", "numpy", "iree-base-compiler",
-                 "iree-base-runtime", "pillow")
+                 "iree-base-runtime", "pillow", "nnef-tools", "nnef", "tflite", "ai-edge-litert")
 
 SETUP_HINT = "run ./setup.sh (it installs every tool the pipeline needs)"
 

@@ -40,7 +40,14 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
         ws.build(f"target={target}", f"targets={targets}")
         doc = json.loads((ws.artifacts / target / "manifest.json").read_text())
         assert doc["target"]["name"] == target
-        assert sorted(doc["models"]) == ["ppocr_cls", "ppocr_cls.int8", "ppocr_det"]
+        assert sorted(doc["models"]) == ["face_landmark", "ppocr_cls", "ppocr_cls.48x320",
+                                         "ppocr_cls.int8", "ppocr_det"]
+        assert doc["models"]["ppocr_cls"]["shapes"] == ["ppocr_cls.48x320"]
+        assert doc["models"]["ppocr_cls.48x320"]["shape_of"] == "ppocr_cls"
+        assert doc["models"]["ppocr_cls.int8"]["variant_of"] == "ppocr_cls"
+        assert doc["models"]["ppocr_cls.48x320"]["io"]["inputs"][0]["shape"] == [1, 3, 48, 320]
+        assert doc["models"]["face_landmark"]["source"]["route"] == "tflite->nnef->onnx (nnef-tools)"
+        assert doc["models"]["face_landmark"]["io"]["inputs"][0]["shape"] == [1, 192, 192, 3]
         for name, model in doc["models"].items():
             art = model["artifacts"][abi]
             assert sha256(ws.artifacts / art["path"]) == art["sha256"]
@@ -50,6 +57,8 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
                 assert row["failures"] == []
                 assert row["max_abs"] <= val["tolerance"]["max_abs"]
                 assert row["cosine"] >= val["tolerance"]["cosine"]
+            folder = REPO / "models" / model.get("shape_of", model.get("variant_of", name))
+            assert model["source"]["sha256"] == sha256(folder / model["source"]["file"])
         assert doc["models"]["ppocr_det"]["io"]["outputs"][0]["shape"] == [1, 1, 480, 640]
         assert ran(ws.build(f"target={target}", f"targets={targets}")) == []
 

@@ -10,7 +10,10 @@ from pipeline.spec import known_targets, load_models, load_target
 
 def test_default_models_load_with_their_real_signatures(tmp_path):
     specs = {s.name: s for s in load_models(REPO / "models", memo_dir=tmp_path)}
-    assert sorted(specs) == ["ppocr_cls", "ppocr_det"]
+    assert sorted(specs) == ["face_landmark", "ppocr_cls", "ppocr_cls.48x320", "ppocr_det"]
+    assert specs["face_landmark"].source_format == "tflite"
+    assert specs["face_landmark"].signature["inputs"][0]["dims"] == [1, 192, 192, 3]  # NHWC
+    assert specs["ppocr_cls.48x320"].inputs[0].shape == (1, 3, 48, 320)
     det = specs["ppocr_det"]
     assert det.inputs[0].shape == (1, 3, 480, 640)
     assert det.signature["inputs"][0]["dims"] == ["DynamicDimension.0", 3, "DynamicDimension.1",

@@ -1,0 +1,85 @@
+"""Shape variants: a few fixed input shapes of one model, each built and validated on its own.
+
+    inputs:   {x: {shape: [1, 3, 48, 192], ...}}      # the model itself, under its own name
+    shapes:                                          # more fixed shapes of the same source
+      48x320: {inputs: {x: {shape: [1, 3, 48, 320]}}}
+
+Each shape becomes a ModelSpec named `<model>.<shape>` (e.g. `ppocr_cls.48x320`) at spec-load
+time, with the model's dtypes, test data, tolerance, skips and release section and its own
+shapes; it has its own golden, static model, artifacts and validation, and shares the model's
+source and import step. The model keeps its plain name (apps, releases and tests that know
+`ppocr_cls` keep working); the manifest marks the shape variants with `shape_of` and `shape`, so
+an app picks the entry whose input shapes match its camera mode. Dynamic dims never reach a
+compiler: every shape binds every dim.
+
+Precision variants (`variants:`, pipeline/variants.py: `<model>.int8`, ...) are made from the
+model's own shape only: a shape variant is fp32 (its calibration and evaluation data would have
+to fit its shape, which the spec does not declare).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+VARIANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+SEP = "."  # not "@": iree-run-module cannot load a --module= path holding "@"
+
+
+def parse(raw, raw_inputs: dict, where: str, problems: list) -> dict:
+    """{shape name: {input name: shape}} from the `shapes:` section; problems appended."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        problems.append(f"{where}: shapes: expected a mapping of shape name -> "
+                        f"{{inputs: {{NAME: {{shape: [...]}}}}}}")
+        return {}
+    out = {}
+    for name, body in raw.items():
+        vw = f"{where}: shapes.{name}"
+        if not isinstance(name, str) or not VARIANT_RE.match(name):
+            problems.append(f"{vw}: a shape name must match {VARIANT_RE.pattern} (e.g. 480x640)")
+            continue
+        if not isinstance(body, dict) or set(body) != {"inputs"} or not isinstance(body["inputs"], dict):
+            problems.append(f"{vw}: expected exactly {{inputs: {{NAME: {{shape: [...]}}}}}}")
+            continue
+        shapes = {}
+        for in_name, ib in body["inputs"].items():
+            iw = f"{vw}.inputs.{in_name}"
+            if in_name not in raw_inputs:
+                problems.append(f"{iw}: not an input of the model spec (inputs: {', '.join(raw_inputs)})")
+            elif not isinstance(ib, dict) or set(ib) != {"shape"}:
+                problems.append(f"{iw}: a shape variant sets the shape only: expected {{shape: [...]}}")
+            elif not isinstance(ib["shape"], list) or not all(
+                    isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in ib["shape"]):
+                problems.append(f"{iw}.shape: expected a list of positive integers (a shape binds "
+                                f"every dim), got {ib['shape']!r}")
+            else:
+                shapes[in_name] = tuple(ib["shape"])
+        out[name] = shapes
+    return out
+
+
+def bind(inputs, shapes: dict) -> dict:
+    """{shape name: the model's InputSpecs with that shape}."""
+    return {v: tuple(dataclasses.replace(i, shape=bound.get(i.name, i.shape)) for i in inputs)
+            for v, bound in shapes.items()}
+
+
+def check(signature: dict, raw_inputs: dict, inputs, shapes: dict, where: str, problems: list,
+          check_against_model) -> None:
+    """Each shape against the model (rank, fixed dims): spec._check_against_model."""
+    if signature and "inputs" in signature:
+        for vname, bound in bind(inputs, shapes).items():
+            check_against_model(signature, raw_inputs, list(bound), f"{where}: shapes.{vname}", problems)
+
+
+def expand(spec, shapes: dict) -> list:
+    """[spec, spec.s1, spec.s2, ...]: one ModelSpec per shape, after the spec is checked."""
+    out = []
+    for vname, inputs in bind(spec.inputs, shapes).items():
+        shown = ", ".join(f"{i.name} {list(i.shape)}" for i in inputs)
+        out.append(dataclasses.replace(spec, name=f"{spec.name}{SEP}{vname}", inputs=inputs,
+                                       shape_of=spec.name, shape=vname, shapes=(),
+                                       variants=(),  # precision variants: the model's own shape only
+                                       description=f"{spec.description} [shape {vname}: {shown}]"))
+    return [dataclasses.replace(spec, shapes=tuple(v.name for v in out)), *out]
