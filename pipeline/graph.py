@@ -1,15 +1,17 @@
 """The build graph: which steps exist for the models and targets, and how their files connect.
 
-    import ─┬─> golden ─> static ─> iree_compile (per target ABI) ─> validate ─> manifest (per target)
-            └────────────────^
-Each function returns `Step`s; dodo.py turns them into doit tasks.
+    import ─┬─> golden ─> static ─> coverage ─> iree_compile (per target ABI) ─> validate ─┬─> choose ─> manifest
+            └────────────────^                  └─> [tvm_tune ─>] tvm_compile ─> validate ─┘   (per target)
+Each function returns `Step`s; dodo.py turns them into doit tasks. The TVM steps, op coverage
+and the compiler choice are made in tvm_graph.py; an ABI whose compiler cannot take a model
+(coverage.py) has no steps for that model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import golden, import_model, iree_compile, manifest, static, validate
+from . import golden, import_model, iree_compile, manifest, static, tvm_graph, validate
 from .layout import Layout
 from .spec import TARGETS_DIR, ModelSpec, TargetSpec, known_targets, load_models, load_target
 from .steps import Step
@@ -21,6 +23,13 @@ class Project:
     layout: Layout
     models: tuple[ModelSpec, ...]
     targets: tuple[TargetSpec, ...]
+    coverage: dict = field(default_factory=dict)   # model -> coverage.predict()
+    proxies: tuple = ()       # targets loaded only for their ABIs that proxy another's (choice.py)
+    farm: dict = field(default_factory=dict)       # tracker=, key=, emulated= (doit tune)
+
+    def built(self, model: ModelSpec, target: TargetSpec, abi) -> bool:
+        """False when op coverage says the ABI's compiler cannot take the model (skipped)."""
+        return tvm_graph.compiler_of(abi) not in tvm_graph.skipped(self, model, target)
 
     def steps(self, stage: str) -> list[Step]:
         out = []
@@ -29,17 +38,19 @@ class Project:
                 out.append(STAGE_STEPS[stage](self.layout, model))
             elif stage in ("iree_compile", "validate"):
                 for target in self.targets:
-                    for abi in target.abis:
+                    for abi in [a for a in target.abis if self.built(model, target, a)]:
                         out.append(STAGE_STEPS[stage](self.layout, model, target, abi))
                         if stage == "iree_compile" and abi.run["via"] == "twin":
                             out.append(compile_step(self.layout, model, target, abi, twin=True))
         if stage == "manifest":
-            out = [manifest_step(self.layout, self.models, t) for t in self.targets]
-        return out
+            out = [tvm_graph.extend_manifest(self, manifest_step(self.layout, self.models, t,
+                                                                 built=self.built), t)
+                   for t in self.targets]
+        return out + tvm_graph.steps(self, stage)
 
 
 def load_project(models: str | Path, artifacts: str | Path, target: str | None,
-                 targets_dir: str | Path | None = None) -> Project:
+                 targets_dir: str | Path | None = None, farm: dict | None = None) -> Project:
     """Specs validated up front (all problems at once); target=None means every known target."""
     layout = Layout(Path(artifacts).resolve())
     use_memo(layout.cache / "hashes.json")
@@ -47,7 +58,7 @@ def load_project(models: str | Path, artifacts: str | Path, target: str | None,
     names = [target] if target else known_targets(targets_dir)
     targets = tuple(load_target(n, targets_dir, memo_dir=layout.cache) for n in names)
     specs = load_models(Path(models).resolve(), memo_dir=layout.cache)
-    return Project(layout, specs, targets)
+    return tvm_graph.complete(Project(layout, specs, targets, farm=dict(farm or {})), targets_dir)
 
 
 # ----------------------------------------------------------------------------- per stage
@@ -117,7 +128,8 @@ def compile_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi, twin
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
                                               "twin_compile" if twin else "iree_compile"),
                 tools=("iree-base-compiler", "onnx"), action=iree_compile.run, layout=layout,
-                doc=doc, where={"model": model.name, "target": f"{target.name}/{abi.name}"})
+                doc=doc, where={"model": model.name, "target": f"{target.name}/{abi.name}"},
+                after=(f"coverage:{target.name}/{model.name}",))
 
 
 def validate_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> Step:
@@ -143,13 +155,14 @@ def validate_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> 
                 where={"model": model.name, "target": f"{target.name}/{abi.name}"})
 
 
-def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetSpec) -> Step:
+def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetSpec,
+                  built=lambda model, target, abi: True) -> Step:
     inputs = {}
     for model in models:
         inputs[f"{model.name}:static.json"] = layout.model_stage(model.name, "static") / "static.json"
         inputs[f"{model.name}:static.onnx"] = layout.model_stage(model.name, "static") / "model.onnx"
         inputs[f"{model.name}:golden.json"] = layout.model_stage(model.name, "golden") / "golden.json"
-        for abi in target.abis:
+        for abi in [a for a in target.abis if built(model, target, a)]:
             prefix = f"{model.name}:{abi.name}"
             compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
             checked = layout.artifact_stage(target.name, model.name, abi.name, "validate")
@@ -160,7 +173,8 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
             inputs[f"{prefix}:validate.step"] = checked / "step.json"
     models_cfg = [{"name": m.name, "description": m.description,
                    "source": {"file": m.source.name, "sha256": m.source_sha256},
-                   "licenses": [p.name for p in m.licenses]} for m in models]
+                   "licenses": [p.name for p in m.licenses],
+                   "abis": [a.name for a in target.abis if built(m, target, a)]} for m in models]
     target_cfg = {"name": target.name, "description": target.description,
                   "definition_sha256": target.sha256, "fallback": list(target.fallback),
                   "abis": [{"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis]}

@@ -89,6 +89,8 @@ class ModelSpec:
     licenses: tuple[Path, ...] = ()
     signature: dict = field(default_factory=dict, compare=False, hash=False)
     release: dict = field(default_factory=dict, compare=False, hash=False)  # see _release()
+    tvm: dict = field(default_factory=dict, compare=False, hash=False)  # tvm_tune.parse_model()
+    ship: dict = field(default_factory=dict, compare=False, hash=False)  # choice.parse_model()
 
     @property
     def dir(self) -> Path:
@@ -98,7 +100,8 @@ class ModelSpec:
         return [i.test_data.file for i in self.inputs if i.test_data.kind == "file"]
 
 
-_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release"}
+_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release",
+               "tvm", "ship"}
 _SOURCE_KEYS = {"path", "sha256"}
 _INPUT_KEYS = {"shape", "dtype", "test_data"}
 _TOLERANCE_KEYS = {"max_abs", "mean_abs", "cosine"}
@@ -248,6 +251,9 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
         elif ins is not None:
             _check_against_model(signature, raw.get("inputs") or {}, inputs, where, problems)
     release = _release(raw.get("release"), signature, where, problems)
+    from . import choice, tvm_tune
+    tvm = tvm_tune.parse_model(raw.get("tvm"), spec_path.parent, where, problems)
+    ship = choice.parse_model(raw.get("ship"), where, problems)
 
     if problems:
         return None, list(problems)
@@ -255,7 +261,7 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[ModelSpec
                      source_sha256=source_sha, inputs=tuple(inputs), tolerance=tolerance,
                      opset=opset, description=str(raw.get("description", "")),
                      licenses=tuple(p.resolve() for p in licenses), signature=signature,
-                     release=release), []
+                     release=release, tvm=tvm, ship=ship), []
 
 
 def _release(raw, signature: dict, where: str, problems: _Problems) -> dict:
@@ -476,9 +482,15 @@ class TargetSpec:
     fallback: tuple[str, ...]   # the order an app tries the ABIs in
     path: Path
     sha256: str
+    tvm_abis: tuple = ()        # tvm_compile.TvmAbi: `compiler: tvm` ABIs (abis holds IREE's)
+    ship: tuple = ()            # choice.parse_target(): slots of ABIs, one of which ships
+
+    @property
+    def all_abis(self) -> tuple:
+        return self.abis + self.tvm_abis
 
 
-_TARGET_KEYS = {"description", "abis", "fallback"}
+_TARGET_KEYS = {"description", "abis", "fallback", "ship"}
 _CPU_KEYS = {"compiler", "backend", "arch", "triple", "cpu", "cpu_features", "flags", "run"}
 _VULKAN_KEYS = {"compiler", "backend", "vulkan_target", "vulkan_features", "flags", "run"}
 _RUN_KEYS = {"llvm-cpu": {"via", "device", "qemu_cpu"}, "vulkan-spirv": {"via", "driver", "twin"}}
@@ -503,6 +515,7 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR, memo_dir: Path | Non
     where = display(path)
     abis = []
     fallback = ()
+    ship = ()
     if isinstance(raw, dict):
         problems.unknown(where, raw, _TARGET_KEYS)
         if not isinstance(raw.get("abis"), dict) or not raw["abis"]:
@@ -517,12 +530,17 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR, memo_dir: Path | Non
             problems.append(f"{where}: fallback: must list every ABI exactly once, in the order an "
                             f"app should try them (ABIs: {', '.join(names)}; got {fallback!r})")
         fallback = tuple(str(f) for f in fallback) if isinstance(fallback, list) else ()
+        from .choice import parse_target
+        native = {a.name for a in abis if a.run.get("via") in ("python", "vulkan")}
+        ship = parse_target(raw.get("ship"), names, native, where, problems)
     elif not problems:
         problems.append(f"{where}: expected a mapping at the top level")
     if problems:
         raise SpecError(list(problems))
-    return TargetSpec(name, str(raw.get("description", "")), tuple(abis), fallback, path,
-                      sha256_file(path))
+    return TargetSpec(name, str(raw.get("description", "")),
+                      tuple(a for a in abis if a.compiler == "iree"), fallback, path,
+                      sha256_file(path), tvm_abis=tuple(a for a in abis if a.compiler == "tvm"),
+                      ship=ship)
 
 
 def _strings(body: dict, key: str, where: str, problems: _Problems) -> tuple[str, ...]:
@@ -539,10 +557,13 @@ def _abi(name: str, body, where: str, problems: _Problems, memo_dir: Path | None
     if not isinstance(body, dict):
         problems.append(f"{where}: expected a mapping")
         return None
+    if body.get("compiler") == "tvm":
+        from .tvm_compile import parse_abi
+        return parse_abi(name, body, where, problems)
     before = len(problems)
     backend = body.get("backend")
     if body.get("compiler") != "iree":
-        problems.append(f"{where}.compiler: only 'iree' is supported so far, got {body.get('compiler')!r}")
+        problems.append(f"{where}.compiler: expected 'iree' or 'tvm', got {body.get('compiler')!r}")
     if backend not in BACKENDS:
         problems.append(f"{where}.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
         return None
