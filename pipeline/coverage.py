@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from .store import atomic_write_text, canonical_json, sha256_text
-from .tools import distribution_version, python_module_argv, run_tool, tail
+from .tools import distribution_version, python_module_argv, run_tool
 
 VERSION = 1
 OUTPUTS = ("coverage.json",)
@@ -276,6 +276,7 @@ def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:
                              f"with {compiler.upper()} too")
     first = next((l.strip() for l in result.output.splitlines()
                   if "error" in l.lower() or "not supported" in l), "")
+    first = first.replace(f"{ctx.scratch}/", "")  # no absolute paths in reports
     return f"{tool} failed on the static model, as predicted: {first[:300]}"
 
 

@@ -9,11 +9,14 @@ artifacts/releases/<target>/<version>/
                          validation figures, benchmark figures (or "not measured"), any waiver
   sbom.cdx.json          CycloneDX 1.6 bill of materials (provenance.py)
   build-manifest.json    artifacts/<target>/manifest.json as built: step keys, flags, tools
-  models/<model>/<abi>/model.vmfb
+  models/<model>/<abi>/model.vmfb   (model.so for TVM artifacts)
   licenses/<model>/<file>
   modelyard-<target>-<version>.tar.gz   all of the above, under modelyard-<target>-<version>/
   provenance.intoto.jsonl               DSSE-signed in-toto Statement (SLSA Provenance v1)
 
+What ships: every validated artifact, except where the target declares slots (the compiler
+choice, choice.py): of a slot's candidates only the one the manifest's `choice` marks ships;
+release.json records the choice, with its reason, per model.
 Gates: an artifact whose validation status is not "passed" (e.g. "twin-passed": validated
 through a twin build, the shipped bytes never ran) is refused unless its model spec waives it
 (`release: {waivers: [{abi, reason}]}`); a used waiver is recorded in manifest.json.
@@ -160,7 +163,11 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
     for name, entry in sorted(build["models"].items()):
         spec = specs[name]
         artifacts = {}
+        not_shipped = {abi for slot in entry.get("choice", {}).values()
+                       for abi in slot["candidates"] if abi != slot["ships"]}
         for abi, art in sorted(entry["artifacts"].items()):
+            if abi in not_shipped:
+                continue  # another compiler's artifact ships for this device (entry["choice"])
             status = art["validation"]["status"]
             waiver = None
             if status != "passed":
@@ -179,6 +186,9 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
         models[name] = {"description": entry["description"], "source": entry["source"],
                         "licenses": licenses, "io": _contract(spec, entry["io"]),
                         "artifacts": artifacts}
+        if "choice" in entry:
+            models[name]["choice"] = {slot: {k: c[k] for k in ("ships", "policy", "reason")}
+                                      for slot, c in sorted(entry["choice"].items())}
     if refused:
         body = "\n".join(f"  - {r}" for r in refused)
         raise PipelineError(f"{len(refused)} artifact(s) may not ship, nothing was released:\n{body}",
@@ -212,10 +222,13 @@ def _contract(spec, io: dict) -> dict:
 
 def _artifact(art: dict, file: str, waiver: dict | None) -> dict:
     abi = art["abi"]
-    iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
-    requires = {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
-                                 "install": f"pip install iree-base-runtime=={iree}"},
-                "device": abi["run"]["device"],
+    if art["format"] == "tvm-so":  # a TVM .so loads in the TVM runtime of its compiler's version
+        runtime = {"tvm_runtime": art["requires"]["tvm_runtime"]}
+    else:
+        iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
+        runtime = {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
+                                    "install": f"pip install iree-base-runtime=={iree}"}}
+    requires = {**runtime, "device": abi["run"]["device"],
                 **{k: v for k, v in abi.items() if k not in ("name", "flags", "run", "compiler")}}
     if "vulkan" in art:  # Vulkan artifacts carry their API version, target and features
         requires["vulkan"] = art["vulkan"]

@@ -55,7 +55,7 @@ def versions(*names: str) -> dict[str, str]:
             out[name] = rt.version if rt else "missing"
         elif name == "tvm-aarch64":
             tv = aarch64_tvm(required=False)
-            out[name] = tv.fingerprint() if tv else "missing"
+            out[name] = tv.version if tv else "missing"
         else:
             raise ValueError(f"unknown tool {name!r}")
     return out
@@ -169,10 +169,6 @@ class Aarch64Tvm:
     @property
     def python(self) -> Path:
         return self.root / "python"
-
-    def fingerprint(self) -> str:
-        interpreter = self.root / "root" / "usr" / "bin" / "python3.11"
-        return f"apache-tvm {self.version}, python sha256:{sha256_file(interpreter)}"
 
 
 def aarch64_tvm(required: bool = True, **where) -> Aarch64Tvm | None:

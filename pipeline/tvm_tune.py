@@ -182,7 +182,8 @@ def _tune(ctx, want: dict, farm: dict) -> dict:
     else:
         measured_on = {"runner": "local", "machine": _cpu_model(), "emulated": False}
     started = time.time()
-    rc, lines = stream(argv, ctx.log, prefix="[tune] ")
+    scheduler_log = work / "logs" / "tvm.s_tir.meta_schedule.logging.task_scheduler.log"
+    rc, lines = stream(argv, ctx.log, prefix="[tune] ", follow=scheduler_log)
     if rc != 0:
         tail_text = "\n".join("    " + l for l in lines[-15:])
         raise PipelineError(f"MetaSchedule tuning failed (exit code {rc}):\n{tail_text}",
@@ -210,11 +211,38 @@ def _cpu_model() -> str:
     return "unknown"
 
 
-def stream(argv: list[str], log: Path, prefix: str) -> tuple[int, list[str]]:
+SCHEDULER_NEWS = ("picks Task", "Sending", "Build errors", "has finished")
+
+
+def _follow(path: Path, prefix: str, done) -> None:
+    """Print the task scheduler's news (task picked, batch built, batch measured) as it logs
+    them: MetaSchedule runs the measure callbacks only when it joins a task's results, which
+    can be at the very end, so its log is the live view."""
+    offset = 0
+    while not done.wait(1.0):
+        try:
+            with open(path, errors="replace") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+        except OSError:
+            continue
+        for line in chunk.splitlines():
+            if any(k in line for k in SCHEDULER_NEWS):
+                print(f"{prefix}{line.split('] ', 2)[-1].strip()}", flush=True)
+
+
+def stream(argv: list[str], log: Path, prefix: str, follow: Path | None = None) -> tuple[int, list[str]]:
     """Run a child, copying its output to `log`; lines starting with `prefix` are progress and
-    are printed as they come. Returns (exit code, the child's stdout lines)."""
+    are printed as they come (as are the news of the log file `follow`). Returns (exit code,
+    the child's other stdout lines)."""
+    import threading
     log.parent.mkdir(parents=True, exist_ok=True)
     lines = []
+    done = threading.Event()
+    watcher = threading.Thread(target=_follow, args=(follow, prefix, done), daemon=True) if follow else None
+    if watcher:
+        watcher.start()
     with open(log, "a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -232,6 +260,8 @@ def stream(argv: list[str], log: Path, prefix: str) -> tuple[int, list[str]]:
             proc.kill()
             proc.wait()
             raise
+        finally:
+            done.set()
         out.write(f"[exit code {rc}]\n\n")
     return rc, [l for l in lines if not l.startswith(prefix)] or lines
 
@@ -311,6 +341,37 @@ def command(project, target: str | None, model: str | None, farm: dict, pin: boo
 
 
 # ----------------------------------------------------------------------------- the child
+def cpu_tensor_intrinsics() -> None:
+    """Register only the CPU tensor intrinsics (x86, Arm, RISC-V).
+
+    MetaSchedule's TuneContext and its default builder import `tvm.s_tir.tensor_intrin`, which
+    parses every intrinsic TVM has: measured here, 85 s on 2 cores, 60 s of it CUDA's, 12 s
+    ROCm's. MetaSchedule's builder re-creates its worker processes for every batch, so each
+    batch paid that again (a 4-candidate batch of a tiny conv took ~4 minutes). LLVM CPU
+    targets only use the CPU ones: the package is stood in for by a module that loads just those.
+    """
+    import importlib
+    import types
+    import tvm.s_tir
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules:
+        return
+    package = types.ModuleType(name, "CPU tensor intrinsics only (pipeline.tvm_tune)")
+    package.__path__ = [str(Path(tvm.s_tir.__file__).parent / "tensor_intrin")]
+    sys.modules[name] = package
+    for sub in ("x86", "arm_cpu", "riscv_cpu"):
+        setattr(package, sub, importlib.import_module(f"{name}.{sub}"))
+
+
+def build_candidate(mod, target, _params):
+    """MetaSchedule's default_build without its import of every tensor intrinsic (see above);
+    module-level so that the builder's worker processes can import it."""
+    cpu_tensor_intrinsics()
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
 def export_aarch64(mod) -> str:
     """The builder's export for aarch64 candidates: a .so a board's runtime loads (module-level
     so that MetaSchedule's builder processes can import it)."""
@@ -322,9 +383,10 @@ def export_aarch64(mod) -> str:
 
 
 def _progress_callback(total_budget: int):
+    from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
-    @ms.derived_object
+    @derived_object
     class Progress(ms.measure_callback.PyMeasureCallback):
         """One line per measured batch: task, its trials, best latency, the whole budget."""
 
@@ -367,6 +429,7 @@ def main(argv=None) -> int:
     from tvm.s_tir import meta_schedule as ms
     from .tvm_compile import import_onnx
 
+    cpu_tensor_intrinsics()
     target = tvm.target.Target(json.loads(args.target))
     mod = import_onnx(Path(args.model))
     with target:
@@ -376,6 +439,7 @@ def main(argv=None) -> int:
     cross = args.linker != "g++"
     workers = 1 if cross else max(1, min(2, os.cpu_count() or 1))
     builder = ms.builder.LocalBuilder(timeout_sec=BUILDER_TIMEOUT_S, max_workers=workers,
+                                      f_build=build_candidate,
                                       f_export=export_aarch64 if cross else None)
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=0 if args.tracker else 50)
     if args.tracker:
