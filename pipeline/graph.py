@@ -188,4 +188,5 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
 
 STAGE_STEPS = {"import": import_step, "golden": golden_step, "static": static_step,
                "iree_compile": compile_step, "validate": validate_step}
-STAGES = ("import", "golden", "static", "iree_compile", "validate", "manifest")
+STAGES = ("import", "golden", "static", "coverage", "iree_compile", "tvm_tune", "tvm_compile",
+          "validate", "choose", "manifest")

@@ -240,8 +240,8 @@ class Runner:
                 env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "QEMU_CPU": "cortex-a76"}
                 proc = subprocess.run(argv, capture_output=True, text=True, env=env)
                 if proc.returncode != 0:
-                    raise PipelineError(f"emulated run failed: {proc.stdout.strip()[-400:]}",
-                                        stage=STAGE)
+                    raise PipelineError(f"emulated run failed: "
+                                        f"{(proc.stderr or proc.stdout).strip()[-400:]}", stage=STAGE)
                 return [np.load(o) for o in outs]
         if self._emulated_argv:
             with tempfile.TemporaryDirectory(prefix="modelyard-run-") as tmp:

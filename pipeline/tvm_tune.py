@@ -176,7 +176,7 @@ def _tune(ctx, want: dict, farm: dict) -> dict:
                                  "the ABI in the target's YAML); start boards with `python -m "
                                  "tvm.exec.rpc_server --tracker HOST:PORT --key KEY`")
         check_tracker(tracker, key, where, wait_s=farm.get("wait_s", 60))
-        argv += ["--tracker", tracker, "--key", key]
+        argv += ["--tracker", tracker, "--key", key] + (["--emulated"] if farm.get("emulated") else [])
         measured_on = {"runner": "rpc", "tracker": tracker, "key": key,
                        "emulated": bool(farm.get("emulated"))}
     else:
@@ -382,7 +382,7 @@ def export_aarch64(mod) -> str:
     return path
 
 
-def _progress_callback(total_budget: int):
+def _progress_callback(total_budget: int, emulated: bool):
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
@@ -405,8 +405,9 @@ def _progress_callback(total_budget: int):
             if ok:
                 self.best[task_id] = min([*ok, self.best.get(task_id, float("inf"))])
             best = self.best.get(task_id)
+            note = " (emulated board: not a performance figure)" if emulated else ""
             print(f"[tune] task {task_id + 1}/{len(tasks)} {name}: {self.trials[task_id]} trials"
-                  f"{f', best {best * 1e6:.1f} us' if best is not None else ', no valid run yet'}"
+                  f"{f', best {best * 1e6:.1f} us{note}' if best is not None else ', no valid run yet'}"
                   f"{f', {errors} failed' if errors else ''} | {self.spent}/{total_budget} trials, "
                   f"{time.time() - self.started:.0f} s", flush=True)
 
@@ -422,6 +423,7 @@ def main(argv=None) -> int:
         parser.add_argument(name, type=int, required=True)
     parser.add_argument("--tracker")
     parser.add_argument("--key")
+    parser.add_argument("--emulated", action="store_true", help="the boards are emulators")
     args = parser.parse_args(argv)
 
     import tvm
@@ -435,7 +437,9 @@ def main(argv=None) -> int:
     with target:
         fused = relax.get_pipeline("zero")(mod)  # legalize + fuse: the tasks are fused kernels
     tasks = ms.relax_integration.extract_tasks(fused, target)
-    print(f"[tune] {len(tasks)} tasks: " + ", ".join(t.task_name for t in tasks), flush=True)
+    names = [t.task_name for t in tasks]
+    print(f"[tune] {len(tasks)} tasks: {', '.join(names[:6])}"
+          f"{f' and {len(names) - 6} more' if len(names) > 6 else ''}", flush=True)
     cross = args.linker != "g++"
     workers = 1 if cross else max(1, min(2, os.cpu_count() or 1))
     builder = ms.builder.LocalBuilder(timeout_sec=BUILDER_TIMEOUT_S, max_workers=workers,
@@ -451,7 +455,7 @@ def main(argv=None) -> int:
     else:
         runner = ms.runner.LocalRunner(timeout_sec=120, evaluator_config=evaluator)
     callbacks = [*ms.measure_callback.MeasureCallback.create("default"),
-                 _progress_callback(args.trials)]
+                 _progress_callback(args.trials, args.emulated)]
     ms.relax_integration.tune_relax(
         mod=fused, params=None, target=target, work_dir=args.work_dir,
         max_trials_global=args.trials, max_trials_per_task=args.per_task,

@@ -132,11 +132,12 @@ def test_bench_times_each_artifact_against_onnxruntime_in_one_run(benched):
     assert summary["schema"] == bench.SUMMARY_SCHEMA and summary["target"] == "host"
     assert summary["machine"]["cpu_model"] == cpu_model
     assert summary["not_measured"] == [] and summary["regression"] is None
-    assert [(r["model"], r["abi"]) for r in summary["artifacts"]] == [("alpha", "cpu-x86_64"),
-                                                                      ("beta", "cpu-x86_64")]
+    assert [(r["model"], r["abi"]) for r in summary["artifacts"]] == [
+        ("alpha", "cpu-x86_64"), ("alpha", "cpu-x86_64-tvm"), ("beta", "cpu-x86_64"),
+        ("beta", "cpu-x86_64-tvm")]  # both compilers' host artifacts
     for row in summary["artifacts"]:
-        art = manifest["models"][row["model"]]["artifacts"]["cpu-x86_64"]
-        path = ws.artifacts / f"host/{row['model']}/cpu-x86_64/bench/{art['sha256']}.json"
+        art = manifest["models"][row["model"]]["artifacts"][row["abi"]]
+        path = ws.artifacts / f"host/{row['model']}/{row['abi']}/bench/{art['sha256']}.json"
         assert row["result"] == path.relative_to(ws.artifacts).as_posix()
         doc = _json(path)
         assert doc["artifact"] == {k: art[k] for k in ("path", "sha256", "size")}
@@ -161,7 +162,8 @@ def test_bench_times_each_artifact_against_onnxruntime_in_one_run(benched):
         assert row["p50_ms"] == doc["stats"]["total"]["p50_ms"]
         # same thread count on both sides, recorded
         assert doc["runner"]["threads"] == doc["baseline"]["threads"] == summary["threads"]
-        assert doc["runner"]["driver"] == "local-task" and doc["baseline"]["allow_spinning"] is False
+        assert doc["runner"]["driver"] == ("cpu" if row["abi"].endswith("-tvm") else "local-task")
+        assert doc["baseline"]["allow_spinning"] is False
         assert doc["outputs_check"]["artifact"]["passed"] is True
         assert row["validation"]["outputs"][0]["max_abs"] == art["validation"]["outputs"][0]["max_abs"]
     out = result.stdout
@@ -178,7 +180,7 @@ def test_bench_is_not_part_of_the_build_and_measures_again_each_time(benched):
     assert again.returncode == 0, again.stderr
     assert ran(again) == ["bench"]  # the build is up to date; the measurement reran
     rows = _json(ws.artifacts / "host/bench.json")["artifacts"]
-    assert [r["n"] for r in rows] == [2, 2]
+    assert [r["n"] for r in rows] == [2, 2, 2, 2]
 
 
 def test_regression_against_a_baseline_is_flagged_and_gates(benched, tmp_path):
@@ -194,7 +196,7 @@ def test_regression_against_a_baseline_is_flagged_and_gates(benched, tmp_path):
     assert flagged.returncode == 0, flagged.stderr
     reg = _json(ws.artifacts / "host/bench.json")["regression"]
     assert reg["baseline"] == str(path) and reg["threshold_pct"] == 10
-    assert reg["regressed"] == ["alpha/cpu-x86_64"]
+    assert reg["regressed"] == ["alpha/cpu-x86_64", "alpha/cpu-x86_64-tvm"]
     status = {r["model"]: r for r in reg["rows"]}
     assert status["beta"]["status"] == "ok" and status["beta"]["same_artifact"] is True
     assert "regressions (p50 worse by more than 10%): alpha/cpu-x86_64" in flagged.stdout
@@ -242,7 +244,10 @@ def test_emulated_artifacts_are_listed_never_timed(tmp_path):
     targets = tmp_path / "targets"
     shutil.copytree(REPO / "pipeline" / "targets", targets)
     host, board = (targets / "host.yaml").read_text(), (targets / "rk3588.yaml").read_text()
-    abi = lambda text: text[text.index("abis:\n") + len("abis:\n"):]
+    def abi(text):  # the ABI definitions: from `abis:` to the next top-level key (fallback, ship)
+        lines = text[text.index("abis:\n") + len("abis:\n"):].splitlines(keepends=True)
+        end = next((k for k, l in enumerate(lines) if l[:1] not in (" ", "#", "\n")), len(lines))
+        return "".join(lines[:end])
     (targets / "mixed.yaml").write_text("description: this host and the board's CPU\nabis:\n"
                                         + abi(host) + abi(board))
     ws = Workspace(tmp_path / "ws")
@@ -253,11 +258,12 @@ def test_emulated_artifacts_are_listed_never_timed(tmp_path):
     result = ws.doit("bench", "target=mixed", f"targets={targets}", *FEW)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = _json(ws.artifacts / "mixed/bench.json")
-    assert [(r["model"], r["abi"]) for r in summary["artifacts"]] == [("alpha", "cpu-x86_64")]
-    (skipped,) = summary["not_measured"]
-    assert (skipped["model"], skipped["abi"], skipped["reason"]) == ("alpha", "cpu-aarch64",
-                                                                     "emulated")
-    assert skipped["executed"]["emulated"] is True
+    assert [(r["model"], r["abi"]) for r in summary["artifacts"]] == [("alpha", "cpu-x86_64"),
+                                                                      ("alpha", "cpu-x86_64-tvm")]
+    skipped = {s["abi"]: s for s in summary["not_measured"]}
+    for name in ("cpu-aarch64", "cpu-aarch64-tvm"):  # IREE's and TVM's
+        assert (skipped[name]["model"], skipped[name]["reason"]) == ("alpha", "emulated")
+        assert skipped[name]["executed"]["emulated"] is True
     assert not (ws.artifacts / "mixed/alpha/cpu-aarch64/bench").exists()
     assert "not measured here: alpha/cpu-aarch64: emulated" in result.stdout
     assert "not measured here: emulated" in (ws.artifacts / "mixed/report.html").read_text()
@@ -315,11 +321,13 @@ def test_overhead_script_reports_noop_cold_and_the_edited_models_chain(tmp_path)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "bare `doit --version`" in out and "no-op `doit build`" in out
-    assert "cold build (11 tasks)" in out
+    assert "cold build (19 tasks)" in out
     assert "one-model edit (beta: input x [1, 3, 16, 16] -> [2, 3, 16, 16])" in out
     chain = [l.strip() for l in out.splitlines() if l.startswith("    ")]
-    assert chain == ["golden:beta", "static:beta", "iree_compile:host/beta/cpu-x86_64",
-                     "validate:host/beta/cpu-x86_64", "manifest:host"]
+    assert chain == ["golden:beta", "static:beta", "coverage:host/beta",
+                     "iree_compile:host/beta/cpu-x86_64", "tvm_compile:host/beta/cpu-x86_64-tvm",
+                     "validate:host/beta/cpu-x86_64", "validate:host/beta/cpu-x86_64-tvm",
+                     "choose:host/beta", "manifest:host"]
     assert "= beta's chain as the build graph predicts it: equal" in out
     tmp = next(l for l in out.splitlines() if "temporary folder" in l).rsplit(" ", 1)[1]
     assert not Path(tmp).exists()  # cleaned up; the user's artifacts/ never touched
