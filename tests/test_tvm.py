@@ -273,7 +273,7 @@ def test_pinned_database_is_applied_and_refused_for_another_tvm_or_target(tuned,
     assert "stage=tvm_tune] the pinned tuning database" in out and "was tuned for something else, refused" in out
     assert 'TVM version: the database has {"apache-tvm": "0.26.0", "apache-tvm-ffi": "0.1.14.post1"}' in out
     assert "next: re-tune: doit tune target=host model=alpha pin=1" in out
-    assert not (ws.artifacts / "host/alpha/cpu-x86_64-tvm/tvm_compile/model.so").exists()
+    assert not (ws.artifacts / "host/alpha/cpu-x86_64-tvm/tvm_tune/step.json").exists()
 
     meta["identity"]["tvm"]["apache-tvm"] = "0.27.0.post1"  # right version, but tuned for x86
     (folder / "tune.json").write_text(json.dumps(meta))
