@@ -3,6 +3,7 @@
     doit build target=rk3588        build, validate and list every model of models/ for a target
     doit bench target=host          time the target's runnable artifacts against onnxruntime
     doit accuracy [model=NAME]      each precision variant's gate and layer-by-layer divergence
+    doit tune target=host           MetaSchedule-tune the TVM artifacts that have a budget (slow)
     doit list                       the stages; `doit list --all` every step
     doit release target=rk3588 version=1.2.0 key=PATH   a signed bundle in artifacts/releases/
     doit verify bundle=PATH [pubkey=PATH] [into=DIR]    check (and unpack) a release bundle
@@ -10,12 +11,13 @@
 Variables: target=NAME (default: every known target), models=DIR (default models/),
 artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/).
 bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PCT gate=0|1.
+tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1.
 """
 import sys
 
 from doit import get_var
 
-from pipeline import accuracy, bench, release, signing, verify
+from pipeline import accuracy, bench, release, signing, tvm_tune, verify
 from pipeline.errors import PipelineError
 from pipeline.graph import load_project
 from pipeline.steps import doit_call, doit_task
@@ -24,7 +26,9 @@ try:
     PROJECT = load_project(models=get_var("models", "models"),
                            artifacts=get_var("artifacts", "artifacts"),
                            target=get_var("target", None),
-                           targets_dir=get_var("targets", None))
+                           targets_dir=get_var("targets", None),
+                           farm={"tracker": get_var("tracker", None), "key": get_var("key", None),
+                                 "emulated": get_var("emulated", "0") in ("1", "true", "yes")})
 except PipelineError as err:
     print(f"modelyard: {err.render()}", file=sys.stderr)
     raise SystemExit(2)
@@ -75,14 +79,34 @@ def task_accuracy():
            "verbosity": 2}
 
 
+def task_coverage():
+    """which ops of each model each compiler of the target cannot take (skips that compiler)"""
+    yield from _tasks("coverage")
+
+
 def task_iree_compile():
     """compile the static model with IREE for each target ABI"""
     yield from _tasks("iree_compile")
 
 
+def task_tvm_tune():
+    """apply a model's MetaSchedule database (pinned or tuned by `doit tune`) for a TVM ABI"""
+    yield from _tasks("tvm_tune")
+
+
+def task_tvm_compile():
+    """compile the static model with TVM (Relax) for each TVM ABI of the target"""
+    yield from _tasks("tvm_compile")
+
+
 def task_validate():
     """run each artifact (natively or under qemu-user) and compare with golden"""
     yield from _tasks("validate")
+
+
+def task_choose():
+    """which compiler's artifact ships per slot of the target (policy in the target's YAML)"""
+    yield from _tasks("choose")
 
 
 def task_manifest():
@@ -126,3 +150,15 @@ def task_bench():
             "task_dep": [f"manifest:{target}"] if target else [],
             "uptodate": [False],  # a measurement, never cached
             "verbosity": 2}
+
+
+def task_tune():
+    """MetaSchedule-tune target=NAME's TVM artifacts [model=NAME tracker=HOST:PORT key=KEY emulated=1 pin=1]"""
+    target = get_var("target", None)
+    return {"actions": [(doit_call, [tvm_tune.command, PROJECT, target, get_var("model", None),
+                                     {"tracker": get_var("tracker", None), "key": get_var("key", None),
+                                      "emulated": get_var("emulated", "0") in ("1", "true", "yes")},
+                                     get_var("pin", "0") in ("1", "true", "yes")])],
+            "task_dep": [f"static:{m.name}" for m in PROJECT.models]
+                        + [f"coverage:{target}/{m.name}" for m in PROJECT.models] if target else [],
+            "uptodate": [False], "verbosity": 2}

@@ -4,7 +4,10 @@
 #      Mesa lavapipe + the Vulkan loader (headless Vulkan), Chromium (the bench report's render
 #      test runs it headless), python3-venv when missing;
 #   2. a virtual environment .venv with the Python packages pinned in pyproject.toml;
-#   3. the aarch64 IREE runtime of the same version, unpacked into .tools/ (run under qemu-user).
+#   3. the aarch64 IREE runtime of the same version, unpacked into .tools/ (run under qemu-user);
+#   4. an aarch64 Python (Debian arm64 packages, unpacked: no dpkg state is touched) with the
+#      aarch64 TVM wheel of the same version, in .tools/: runs TVM artifacts and the TVM RPC
+#      server under qemu-user.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -12,7 +15,8 @@ say() { printf 'setup: %s\n' "$*"; }
 
 # --- 1. system packages ------------------------------------------------------------------
 APT_PACKAGES=(qemu-user-static libc6-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross
-              mesa-vulkan-drivers libvulkan1 vulkan-tools unzip chromium)
+              mesa-vulkan-drivers libvulkan1 vulkan-tools unzip chromium
+              gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)   # TVM cross-compiles aarch64 .so files
 PYTHON=${PYTHON:-}
 if [ -z "$PYTHON" ]; then
   for candidate in python3.11 python3.12 python3.10 python3; do
@@ -67,4 +71,47 @@ if [ ! -x "$dest/iree/_runtime_libs/iree-run-module" ]; then
   mkdir -p .tools && rm -rf "$dest" && mv "$tmp/unpacked" "$dest"
 fi
 
-say "ready: $(.venv/bin/python --version), iree $version, $(qemu-aarch64-static --version | head -1)"
+# --- 4. aarch64 Python + TVM (TVM artifacts and the TVM RPC server under qemu-user) -------------
+pyver() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
+tvm_version=$(pyver apache-tvm)
+tvm_dest=.tools/tvm-$tvm_version-aarch64
+if [ ! -x "$tvm_dest/python" ] || [ ! -d "$tvm_dest/site/tvm" ]; then
+  say "fetching an aarch64 Python 3.11 (Debian arm64 packages) and the aarch64 apache-tvm $tvm_version wheel"
+  ttmp=$(mktemp -d .tools.XXXXXX)
+  trap 'rm -rf "${tmp:-}" "$ttmp"' EXIT
+  mkdir -p "$ttmp/apt/lists/partial" "$ttmp/apt/cache/archives/partial" && touch "$ttmp/apt/status"
+  apt_arm64=(-o APT::Architecture=arm64 -o APT::Architectures=arm64 -o Debug::NoLocking=1
+             -o Dir::State::Lists="$PWD/$ttmp/apt/lists" -o Dir::Cache="$PWD/$ttmp/apt/cache"
+             -o Dir::State::status="$PWD/$ttmp/apt/status")
+  { apt-get "${apt_arm64[@]}" update &&
+    apt-get "${apt_arm64[@]}" install -d -y --no-install-recommends python3.11 libstdc++6; } \
+      >"$ttmp/apt.log" 2>&1 || { tail -20 "$ttmp/apt.log" >&2; echo "setup: cannot fetch arm64 Python packages" >&2; exit 1; }
+  mkdir -p "$ttmp/out/root"
+  for deb in "$ttmp"/apt/cache/archives/*.deb; do dpkg-deb -x "$deb" "$ttmp/out/root"; done
+  # the aarch64 wheels, at the versions this venv has (apache-tvm-ffi must match: see pyproject.toml)
+  pins=()
+  for dist in apache-tvm apache-tvm-ffi numpy ml_dtypes typing_extensions psutil cloudpickle tornado; do
+    pins+=("$dist==$(pyver "$dist")")
+  done
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --target "$ttmp/out/site" --implementation cp --python-version 3.11 --abi cp311 \
+      --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
+      "${pins[@]}" >"$ttmp/pip.log" 2>&1 ||
+    { tail -20 "$ttmp/pip.log" >&2; echo "setup: cannot download the aarch64 TVM wheels" >&2; exit 1; }
+  mkdir -p "$ttmp/out/sc"
+  # TVM's RPC server re-executes sys.executable for its workers: make that this wrapper, not the
+  # bare aarch64 binary (this machine cannot exec aarch64 binaries without qemu in front).
+  printf '%s\n' 'import os, sys' \
+    'sys.executable = os.environ.get("MODELYARD_AARCH64_PYTHON", sys.executable)' > "$ttmp/out/sc/sitecustomize.py"
+  cat > "$ttmp/out/python" <<'WRAPPER'
+#!/bin/sh
+# The aarch64 Python of this folder under qemu-user (QEMU_CPU picks the CPU model, e.g. cortex-a76).
+d=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
+exec qemu-aarch64-static -L "$d/root" -U PYTHONHOME -E PYTHONNOUSERSITE=1 \
+  -E PYTHONPATH="$d/sc:$d/site" -E MODELYARD_AARCH64_PYTHON="$d/python" "$d/root/usr/bin/python3.11" "$@"
+WRAPPER
+  chmod +x "$ttmp/out/python"
+  mkdir -p .tools && rm -rf "$tvm_dest" && mv "$ttmp/out" "$tvm_dest"
+fi
+
+say "ready: $(.venv/bin/python --version), iree $version, tvm $tvm_version, $(qemu-aarch64-static --version | head -1)"

@@ -275,9 +275,36 @@ class OnnxruntimeCpuRunner:
         return {"total": self.clock() - t0}, outputs
 
 
-# IREE driver name -> runner class. A Vulkan runner (pipeline/runtime.py) registers "vulkan" here.
+class TvmCpuRunner:
+    """A TVM `.so` on this machine's CPU through TVM's runtime (Relax VM), loaded once.
+
+    Per iteration: copy in = `tvm.runtime.tensor` of each input; invoke = the entry function
+    (synchronous); read back = `.numpy()` of each result. TVM's thread pool gets `threads`
+    workers (TVM_NUM_THREADS, read when the pool starts: one thread count per process).
+    """
+
+    def __init__(self, so: Path, entry: str, device: str, threads: int):
+        from .tvm_run import TvmModule
+        self.module, self.threads = TvmModule(str(so), entry, threads=threads), threads
+
+    def describe(self) -> dict:
+        return {"kind": "tvm-cpu", "runtime": f"apache-tvm {distribution_version('apache-tvm')} "
+                f"(Relax VM, Python)", "driver": "cpu", "threads": self.threads,
+                "phases": {"copy_in": "tvm.runtime.tensor(input) per input",
+                           "invoke": "entry function call (synchronous)",
+                           "read_back": "Tensor.numpy() per output"}}
+
+    def __call__(self, inputs: list) -> tuple[dict, list]:
+        return self.module.timed(inputs)
+
+
+# Runner key -> runner class: the IREE driver name, or "tvm:<device>" for TVM artifacts.
 RUNNERS: dict[str, type] = {"local-task": IreeCpuRunner, "local-sync": IreeCpuRunner,
-                            "vulkan": IreeVulkanRunner}
+                            "vulkan": IreeVulkanRunner, "tvm:cpu": TvmCpuRunner}
+
+
+def runner_key(art: dict, device: str | None) -> str | None:
+    return f"tvm:{device}" if art.get("format") == "tvm-so" else device
 
 
 # ----------------------------------------------------------------------------- plan
@@ -297,7 +324,7 @@ def plan(manifest: dict, runners: dict = RUNNERS) -> list[Planned]:
         for abi, art in sorted(entry["artifacts"].items()):
             val = art.get("validation", {})
             executed = val.get("executed", {})
-            device = executed.get("device")
+            device = runner_key(art, executed.get("device"))
             if val.get("status") == "twin-passed":
                 out.append(Planned(model, abi, art, None, "shipped bytes cannot run here "
                                    "(validated through a twin); time it on the board"))
@@ -542,7 +569,7 @@ def run(layout: Layout, target: str, options: Options, say: Callable[[str], None
                "machine": mach, "threads": threads,
                "settings": {"warmup": options.warmup, "iterations": options.iterations,
                             "seconds": options.seconds, "noisy_cv": NOISY_CV},
-               "versions": {d: distribution_version(d) for d in ("iree-base-runtime",
+               "versions": {d: distribution_version(d) for d in ("iree-base-runtime", "apache-tvm",
                                                                   "onnxruntime", "numpy")},
                "artifacts": rows, "not_measured": skipped,
                "report": layout.relative(layout.bench_report(target)),

@@ -1,17 +1,20 @@
 """The build graph: which steps exist for the models and targets, and how their files connect.
 
-    import ─┬─> golden ─> static ─> iree_compile (per target ABI) ─> validate ─> manifest (per target)
-            └────────────────^
-Precision variants (pipeline/variants.py) branch off static with their own chains:
+    import ─┬─> golden ─> static ─> coverage ─> iree_compile (per target ABI) ─> validate ─┬─> choose ─> manifest
+            └────────────────^                  └─> [tvm_tune ─>] tvm_compile ─> validate ─┘   (per target)
+Precision variants (pipeline/variants.py) branch off static with their own chains (IREE only):
     static ─> quantize ─> accuracy (gate) ─> golden ─> iree_compile ─> validate ─> manifest
-Each function returns `Step`s; dodo.py turns them into doit tasks.
+Shape variants (pipeline/shapes.py) are models of their own that share their model's import.
+Each function returns `Step`s; dodo.py turns them into doit tasks. The TVM steps, op coverage
+and the compiler choice are made in tvm_graph.py; an ABI whose compiler cannot take a model
+(coverage.py), or that the model's spec skips, has no steps for that model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import golden, import_model, iree_compile, manifest, sources, static, validate, variants
+from . import golden, import_model, iree_compile, manifest, sources, static, tvm_graph, validate, variants
 from .layout import Layout
 from .spec import TARGETS_DIR, ModelSpec, TargetSpec, known_targets, load_models, load_target
 from .steps import Step
@@ -23,6 +26,14 @@ class Project:
     layout: Layout
     models: tuple[ModelSpec, ...]
     targets: tuple[TargetSpec, ...]
+    coverage: dict = field(default_factory=dict)   # model -> coverage.predict()
+    proxies: tuple = ()       # targets loaded only for their ABIs that proxy another's (choice.py)
+    farm: dict = field(default_factory=dict)       # tracker=, key=, emulated= (doit tune)
+
+    def built(self, model: ModelSpec, target: TargetSpec, abi) -> bool:
+        """False when the spec skips the ABI, or op coverage says its compiler cannot take the model."""
+        return (not model.skip_reason(abi.name)
+                and tvm_graph.compiler_of(abi) not in tvm_graph.skipped(self, model, target))
 
     def steps(self, stage: str) -> list[Step]:
         out = []
@@ -33,20 +44,20 @@ class Project:
                 out.append(STAGE_STEPS[stage](self.layout, model))
             elif stage in ("iree_compile", "validate"):
                 for target in self.targets:
-                    for abi in target.abis:
-                        if model.skip_reason(abi.name):
-                            continue
+                    for abi in [a for a in target.abis if self.built(model, target, a)]:
                         out.append(STAGE_STEPS[stage](self.layout, model, target, abi))
                         if stage == "iree_compile" and abi.run["via"] == "twin":
                             out.append(compile_step(self.layout, model, target, abi, twin=True))
             out += variants.steps(self.layout, model, self.targets, stage)
         if stage == "manifest":
-            out = [manifest_step(self.layout, self.models, t) for t in self.targets]
-        return out
+            out = [tvm_graph.extend_manifest(self, manifest_step(self.layout, self.models, t,
+                                                                 built=self.built), t)
+                   for t in self.targets]
+        return out + tvm_graph.steps(self, stage)
 
 
 def load_project(models: str | Path, artifacts: str | Path, target: str | None,
-                 targets_dir: str | Path | None = None) -> Project:
+                 targets_dir: str | Path | None = None, farm: dict | None = None) -> Project:
     """Specs validated up front (all problems at once); target=None means every known target."""
     layout = Layout(Path(artifacts).resolve())
     use_memo(layout.cache / "hashes.json")
@@ -54,7 +65,7 @@ def load_project(models: str | Path, artifacts: str | Path, target: str | None,
     names = [target] if target else known_targets(targets_dir)
     targets = tuple(load_target(n, targets_dir, memo_dir=layout.cache) for n in names)
     specs = load_models(Path(models).resolve(), memo_dir=layout.cache)
-    return Project(layout, specs, targets)
+    return tvm_graph.complete(Project(layout, specs, targets, farm=dict(farm or {})), targets_dir)
 
 
 # ----------------------------------------------------------------------------- per stage
@@ -138,7 +149,8 @@ def compile_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi, twin
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
                                               "twin_compile" if twin else "iree_compile"),
                 tools=("iree-base-compiler", "onnx"), action=iree_compile.run, layout=layout,
-                doc=doc, where={"model": model.name, "target": f"{target.name}/{abi.name}"})
+                doc=doc, where={"model": model.name, "target": f"{target.name}/{abi.name}"},
+                after=(f"coverage:{target.name}/{model.name}",))
 
 
 def validate_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> Step:
@@ -164,15 +176,14 @@ def validate_step(layout: Layout, model: ModelSpec, target: TargetSpec, abi) -> 
                 where={"model": model.name, "target": f"{target.name}/{abi.name}"})
 
 
-def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetSpec) -> Step:
+def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetSpec,
+                  built=lambda model, target, abi: True) -> Step:
     inputs = {}
     for model in models:
         inputs[f"{model.name}:static.json"] = layout.model_stage(model.name, "static") / "static.json"
         inputs[f"{model.name}:static.onnx"] = layout.model_stage(model.name, "static") / "model.onnx"
         inputs[f"{model.name}:golden.json"] = layout.model_stage(model.name, "golden") / "golden.json"
-        for abi in target.abis:
-            if model.skip_reason(abi.name):
-                continue
+        for abi in [a for a in target.abis if built(model, target, a)]:
             prefix = f"{model.name}:{abi.name}"
             compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
             checked = layout.artifact_stage(target.name, model.name, abi.name, "validate")
@@ -190,8 +201,9 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
                    **({"shape_of": m.shape_of, "shape": m.shape} if m.shape_of else {}),
                    **({"shapes": list(m.shapes)} if m.shapes else {}),
                    "licenses": [p.name for p in m.licenses],
-                   "skipped": {a.name: m.skip_reason(a.name) for a in target.abis
-                               if m.skip_reason(a.name)}} for m in models]
+                   "skipped": {a.name: m.skip_reason(a.name) for a in target.all_abis
+                               if m.skip_reason(a.name)},
+                   "abis": [a.name for a in target.abis if built(m, target, a)]} for m in models]
     models_cfg += [v for m in models for v in variants.manifest_models(layout, m, target)]
     target_cfg = {"name": target.name, "description": target.description,
                   "definition_sha256": target.sha256, "fallback": list(target.fallback),
@@ -206,4 +218,5 @@ def manifest_step(layout: Layout, models: tuple[ModelSpec, ...], target: TargetS
 
 STAGE_STEPS = {"import": import_step, "golden": golden_step, "static": static_step,
                "iree_compile": compile_step, "validate": validate_step}
-STAGES = ("import", "golden", "static", "quantize", "accuracy", "iree_compile", "validate", "manifest")
+STAGES = ("import", "golden", "static", "quantize", "accuracy", "coverage", "iree_compile",
+          "tvm_tune", "tvm_compile", "validate", "choose", "manifest")

@@ -23,6 +23,7 @@ PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "urn:modelyard:release:v1"
 BUILDER_ID = "urn:modelyard:builder:doit"
 AARCH64_RUNTIME = "iree-runtime-aarch64"  # tools.py's name for the unpacked aarch64 wheel
+AARCH64_TVM = "tvm-aarch64"                # tools.py's name for the aarch64 TVM wheel (+ Python)
 
 
 def tool_purl(name: str, version: str) -> str | None:
@@ -31,6 +32,8 @@ def tool_purl(name: str, version: str) -> str | None:
         return None
     if name == AARCH64_RUNTIME:
         return f"pkg:pypi/iree-base-runtime@{version}?platform=manylinux_2_28_aarch64"
+    if name == AARCH64_TVM:
+        return f"pkg:pypi/apache-tvm@{version}?platform=manylinux_2_28_aarch64"
     return f"pkg:pypi/{name}@{version}"
 
 
@@ -86,8 +89,9 @@ def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch:
     for component in [*components.values(), *toolchain.values(), *(c for _, c in files)]:
         bom.components.add(component)
     bom.register_dependency(root, [c for _, c in files])
-    compiler = [toolchain[t] for t in ("iree-base-compiler",) if t in toolchain]
     for art, component in files:
+        made_by = "apache-tvm" if art["path"].endswith(".so") else "iree-base-compiler"
+        compiler = [toolchain[made_by]] if made_by in toolchain else []
         bom.register_dependency(component, [components[art["model"]], *compiler])
     return pretty_json(json.loads(JsonV1Dot6(bom).output_as_string()))
 

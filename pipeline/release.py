@@ -9,11 +9,14 @@ artifacts/releases/<target>/<version>/
                          validation figures, benchmark figures (or "not measured"), any waiver
   sbom.cdx.json          CycloneDX 1.6 bill of materials (provenance.py)
   build-manifest.json    artifacts/<target>/manifest.json as built: step keys, flags, tools
-  models/<model>/<abi>/model.vmfb
+  models/<model>/<abi>/model.vmfb   (model.so for TVM artifacts)
   licenses/<model>/<file>
   modelyard-<target>-<version>.tar.gz   all of the above, under modelyard-<target>-<version>/
   provenance.intoto.jsonl               DSSE-signed in-toto Statement (SLSA Provenance v1)
 
+What ships: every validated artifact, except where the target declares slots (the compiler
+choice, choice.py): of a slot's candidates only the one the manifest's `choice` marks ships;
+release.json records the choice, with its reason, per model.
 Gates: an artifact whose validation status is not "passed" (e.g. "twin-passed": validated
 through a twin build, the shipped bytes never ran) is refused unless its model spec waives it
 (`release: {waivers: [{abi, reason}]}`); a used waiver is recorded in manifest.json.
@@ -166,7 +169,11 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
     for name, entry in sorted(build["models"].items()):
         spec = specs[entry.get("variant_of", name)]  # a variant ships under its model's spec
         artifacts = {}
+        not_shipped = {abi for slot in entry.get("choice", {}).values()
+                       for abi in slot["candidates"] if abi != slot["ships"]}
         for abi, art in sorted(entry["artifacts"].items()):
+            if abi in not_shipped:
+                continue  # another compiler's artifact ships for this device (entry["choice"])
             status = art["validation"]["status"]
             waiver = None
             if status != "passed":
@@ -189,6 +196,9 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
         if "variant_of" in entry:  # a precision variant: what it is, how it was made, its gate
             models[name].update({k: entry[k] for k in ("variant_of", "precision", "quantization",
                                                        "accuracy")})
+        if "choice" in entry:
+            models[name]["choice"] = {slot: {k: c[k] for k in ("ships", "policy", "reason")}
+                                      for slot, c in sorted(entry["choice"].items())}
     if refused:
         body = "\n".join(f"  - {r}" for r in refused)
         raise PipelineError(f"{len(refused)} artifact(s) may not ship, nothing was released:\n{body}",
@@ -239,11 +249,15 @@ def _bench_figures(layout, target: str) -> dict:
 
 def _artifact(art: dict, file: str, waiver: dict | None, measured: dict | None = None) -> dict:
     abi = art["abi"]
-    iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
     vulkan = art.get("requires", {}).get("vulkan")
-    requires = {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
-                                 "install": f"pip install iree-base-runtime=={iree}"},
-                "hal_driver": "vulkan" if vulkan else abi["run"]["device"],
+    if art["format"] == "tvm-so":  # a TVM .so loads in the TVM runtime of its compiler's version
+        runtime = {"tvm_runtime": art["requires"]["tvm_runtime"], "device": abi["run"]["device"]}
+    else:
+        iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
+        runtime = {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
+                                    "install": f"pip install iree-base-runtime=={iree}"},
+                   "hal_driver": "vulkan" if vulkan else abi["run"]["device"]}
+    requires = {**runtime,
                 **{k: v for k, v in abi.items() if k not in ("name", "flags", "run", "compiler")}}
     if vulkan:  # API/SPIR-V version, device features and subgroup size, as IREE compiled for
         requires["vulkan"] = vulkan

@@ -16,6 +16,10 @@ whose requirements the present machine meets is loaded:
   * CPU artifacts: native when built for this machine's architecture; an aarch64 artifact on an
     x86_64 machine runs under qemu-user when `allow_emulation` (slow, for checks only).
 `prefer="abi-name"` overrides the order: that artifact or a clear error, never a silent switch.
+Where the manifest's `choice` says another compiler's artifact ships for the same device (a
+slot), the others are passed over ("not the shipped choice"), unless named by `prefer`.
+TVM artifacts (`format: tvm-so`) load in TVM's runtime: in-process when native, through
+pipeline/tvm_run.py on the aarch64 TVM runtime under qemu-user when emulated.
 
 Vulkan readback works around iree-base-runtime 3.13's `to_host()` failure on drivers with
 VK_EXT_external_memory_host (`minImportedHostPointerAlignment 4096`, TOOLCHAIN.md): results are
@@ -118,6 +122,9 @@ class Runner:
         entry_doc = doc["models"][model]
         artifacts = entry_doc["artifacts"]
         order = [a for a in doc["target"].get("fallback", list(artifacts)) if a in artifacts]
+        not_shipped = {abi: f"not the shipped choice ({slot['ships']} ships: {slot['reason']})"
+                       for slot in entry_doc.get("choice", {}).values()
+                       for abi in slot["candidates"] if abi != slot["ships"]}
         if prefer is not None:
             if prefer not in artifacts:
                 raise PipelineError(f"no artifact {prefer!r} for {model} (it has: "
@@ -129,7 +136,8 @@ class Runner:
                            for abi, why in sorted(entry_doc.get("skipped", {}).items())]
         for abi in order:
             art = artifacts[abi]
-            why = cls._why_not(art, vulkan_driver, allow_emulation, vk_cache)
+            why = None if prefer else not_shipped.get(abi)
+            why = why or cls._why_not(art, vulkan_driver, allow_emulation, vk_cache)
             if why is None:
                 path = base / art["path"]
                 choice = cls._choice(abi, art, path, vulkan_driver, vk_cache, considered)
@@ -163,11 +171,14 @@ class Runner:
         if abi["arch"] == machine:
             return None
         if abi["arch"] == "aarch64" and allow_emulation:
-            from .tools import aarch64_runtime
+            from .tools import aarch64_runtime, aarch64_tvm
             import shutil
-            if shutil.which("qemu-aarch64-static") and aarch64_runtime(required=False):
+            tvm = art.get("format") == "tvm-so"
+            if shutil.which("qemu-aarch64-static") and (
+                    aarch64_tvm(required=False) if tvm else aarch64_runtime(required=False)):
                 return None
-            return "aarch64 artifact; qemu-aarch64-static or the aarch64 IREE runtime is missing"
+            return (f"aarch64 artifact; qemu-aarch64-static or the aarch64 "
+                    f"{'TVM' if tvm else 'IREE'} runtime is missing")
         return f"built for {abi['arch']}, this machine is {machine}"
 
     @classmethod
@@ -177,8 +188,9 @@ class Runner:
             dev = cls._vk_devices(driver, cache)[0][0]
             return Choice(abi, path, backend, dev.describe(), False, considered)
         emulated = art["abi"]["arch"] != platform.machine()
+        runtime = "TVM runtime" if art.get("format") == "tvm-so" else "IREE local-task"
         device = ("qemu-aarch64-static (emulated aarch64)" if emulated
-                  else f"{platform.machine()} CPU (IREE local-task)")
+                  else f"{platform.machine()} CPU ({runtime})")
         return Choice(abi, path, backend, device, emulated, considered)
 
     @classmethod
@@ -190,6 +202,8 @@ class Runner:
         if sha256_file(choice.path) != art["sha256"]:
             raise PipelineError(f"{choice.path} does not match its manifest sha256",
                                 stage=STAGE, hint="rebuild, or restore the released file", **where)
+        if art.get("format") == "tvm-so":
+            return cls._load_tvm(choice, entry, n_outputs, where)
         if choice.emulated:
             from .tools import aarch64_runtime, qemu_aarch64
             rt_ = aarch64_runtime(stage=STAGE, **where)
@@ -207,10 +221,41 @@ class Runner:
             fn = load_module(choice.path, "local-task", entry, where)
         return cls(choice, fn, entry, n_outputs=n_outputs)
 
+    @classmethod
+    def _load_tvm(cls, choice: Choice, entry: str, n_outputs: int, where) -> "Runner":
+        from .tvm_run import TvmModule
+        if not choice.emulated:
+            module = TvmModule(str(choice.path), entry)
+            return cls(choice, module, entry, n_outputs=n_outputs)
+        from .tools import aarch64_tvm, qemu_aarch64
+        from .tvm_validate import RUNNER
+        qemu_aarch64(stage=STAGE, **where)
+        tv = aarch64_tvm(stage=STAGE, **where)
+        argv = [str(tv.python), str(RUNNER), "--module", str(choice.path), "--entry", entry]
+        runner = cls(choice, None, entry, emulated_argv=argv, n_outputs=n_outputs)
+        runner._tvm = True
+        return runner
+
+    _tvm = False
+
     # -------------------------------------------------------------------------- running
     def run(self, *inputs):
         """Run on numpy arrays; returns a list of numpy arrays (one per model output)."""
         import numpy as np
+        if self._emulated_argv and self._tvm:
+            with tempfile.TemporaryDirectory(prefix="modelyard-run-") as tmp:
+                argv = list(self._emulated_argv)
+                for i, array in enumerate(inputs):
+                    np.save(f"{tmp}/in{i}.npy", np.asarray(array))
+                    argv += ["--input", f"{tmp}/in{i}.npy"]
+                outs = [f"{tmp}/out{k}.npy" for k in range(self._n_outputs)]
+                argv += [a for o in outs for a in ("--output", o)]
+                env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "QEMU_CPU": "cortex-a76"}
+                proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    raise PipelineError(f"emulated run failed: "
+                                        f"{(proc.stderr or proc.stdout).strip()[-400:]}", stage=STAGE)
+                return [np.load(o) for o in outs]
         if self._emulated_argv:
             with tempfile.TemporaryDirectory(prefix="modelyard-run-") as tmp:
                 ins = []
@@ -224,6 +269,8 @@ class Runner:
                     raise PipelineError(f"emulated run failed: {proc.stderr.strip()[-400:]}",
                                         stage=STAGE)
                 return [np.load(o) for o in outs]
+        if self.choice.backend == "llvm":  # TVM: numpy in, numpy out
+            return self._fn(*inputs)
         results = self._fn(*inputs)
         if not isinstance(results, (tuple, list)):
             results = (results,)

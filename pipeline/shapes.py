@@ -14,7 +14,8 @@ compiler: every shape binds every dim.
 
 Precision variants (`variants:`, pipeline/variants.py: `<model>.int8`, ...) are made from the
 model's own shape only: a shape variant is fp32 (its calibration and evaluation data would have
-to fit its shape, which the spec does not declare).
+to fit its shape, which the spec does not declare). Likewise a model's TVM tuning budget and
+pinned database (`tvm:`) are for its own shape: a shape variant's TVM artifacts are untuned.
 """
 from __future__ import annotations
 
@@ -81,5 +82,6 @@ def expand(spec, shapes: dict) -> list:
         out.append(dataclasses.replace(spec, name=f"{spec.name}{SEP}{vname}", inputs=inputs,
                                        shape_of=spec.name, shape=vname, shapes=(),
                                        variants=(),  # precision variants: the model's own shape only
+                                       tvm={},  # a TVM budget and database are for the model's shape
                                        description=f"{spec.description} [shape {vname}: {shown}]"))
     return [dataclasses.replace(spec, shapes=tuple(v.name for v in out)), *out]

@@ -97,6 +97,8 @@ class ModelSpec:
     shape_of: str | None = None   # a shape variant `base.shape` of model `base` (see shapes.py)
     shape: str | None = None
     shapes: tuple = ()            # on the base model: the names of its shape variants' specs
+    tvm: dict = field(default_factory=dict, compare=False, hash=False)  # tvm_tune.parse_model()
+    ship: dict = field(default_factory=dict, compare=False, hash=False)  # choice.parse_model()
 
     @property
     def base(self) -> str:
@@ -121,7 +123,7 @@ class ModelSpec:
 
 
 _MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release", "skip",
-               "variants", "preprocessing", "shapes"}
+               "variants", "preprocessing", "shapes", "tvm", "ship"}
 _SOURCE_KEYS = {"path", "sha256"}
 _INPUT_KEYS = {"shape", "dtype", "test_data"}
 _TOLERANCE_KEYS = {"max_abs", "mean_abs", "cosine"}
@@ -282,6 +284,9 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
         skip = {}
     from .variants import parse as parse_variants
     preprocessing, variants = parse_variants(raw, spec_path.parent, inputs, tolerance, where, problems)
+    from . import choice, tvm_tune
+    tvm = tvm_tune.parse_model(raw.get("tvm"), spec_path.parent, where, problems)
+    ship = choice.parse_model(raw.get("ship"), where, problems)
 
     shape_variants = shapes.parse(raw.get("shapes"), raw.get("inputs") or {}, where, problems)
     if "error" not in signature:
@@ -296,7 +301,7 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                      release=release, skip=tuple(sorted((k, " ".join(v.split()))
                                                         for k, v in skip.items())),
                      variants=variants, preprocessing=preprocessing,
-                     source_format=sources.source_format(source))
+                     source_format=sources.source_format(source), tvm=tvm, ship=ship)
     return shapes.expand(spec, shape_variants), []
 
 
@@ -520,9 +525,15 @@ class TargetSpec:
     fallback: tuple[str, ...]   # the order an app tries the ABIs in
     path: Path
     sha256: str
+    tvm_abis: tuple = ()        # tvm_compile.TvmAbi: `compiler: tvm` ABIs (abis holds IREE's)
+    ship: tuple = ()            # choice.parse_target(): slots of ABIs, one of which ships
+
+    @property
+    def all_abis(self) -> tuple:
+        return self.abis + self.tvm_abis
 
 
-_TARGET_KEYS = {"description", "abis", "fallback"}
+_TARGET_KEYS = {"description", "abis", "fallback", "ship"}
 _CPU_KEYS = {"compiler", "backend", "arch", "triple", "cpu", "cpu_features", "flags", "run"}
 _VULKAN_KEYS = {"compiler", "backend", "vulkan_target", "vulkan_features", "flags", "run"}
 _RUN_KEYS = {"llvm-cpu": {"via", "device", "qemu_cpu"}, "vulkan-spirv": {"via", "driver", "twin"}}
@@ -547,6 +558,7 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR, memo_dir: Path | Non
     where = display(path)
     abis = []
     fallback = ()
+    ship = ()
     if isinstance(raw, dict):
         problems.unknown(where, raw, _TARGET_KEYS)
         if not isinstance(raw.get("abis"), dict) or not raw["abis"]:
@@ -561,12 +573,17 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR, memo_dir: Path | Non
             problems.append(f"{where}: fallback: must list every ABI exactly once, in the order an "
                             f"app should try them (ABIs: {', '.join(names)}; got {fallback!r})")
         fallback = tuple(str(f) for f in fallback) if isinstance(fallback, list) else ()
+        from .choice import parse_target
+        native = {a.name for a in abis if a.run.get("via") in ("python", "vulkan")}
+        ship = parse_target(raw.get("ship"), names, native, where, problems)
     elif not problems:
         problems.append(f"{where}: expected a mapping at the top level")
     if problems:
         raise SpecError(list(problems))
-    return TargetSpec(name, str(raw.get("description", "")), tuple(abis), fallback, path,
-                      sha256_file(path))
+    return TargetSpec(name, str(raw.get("description", "")),
+                      tuple(a for a in abis if a.compiler == "iree"), fallback, path,
+                      sha256_file(path), tvm_abis=tuple(a for a in abis if a.compiler == "tvm"),
+                      ship=ship)
 
 
 def _strings(body: dict, key: str, where: str, problems: _Problems) -> tuple[str, ...]:
@@ -583,10 +600,13 @@ def _abi(name: str, body, where: str, problems: _Problems, memo_dir: Path | None
     if not isinstance(body, dict):
         problems.append(f"{where}: expected a mapping")
         return None
+    if body.get("compiler") == "tvm":
+        from .tvm_compile import parse_abi
+        return parse_abi(name, body, where, problems)
     before = len(problems)
     backend = body.get("backend")
     if body.get("compiler") != "iree":
-        problems.append(f"{where}.compiler: only 'iree' is supported so far, got {body.get('compiler')!r}")
+        problems.append(f"{where}.compiler: expected 'iree' or 'tvm', got {body.get('compiler')!r}")
     if backend not in BACKENDS:
         problems.append(f"{where}.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
         return None

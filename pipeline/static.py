@@ -5,13 +5,18 @@ simplification every tensor of the graph must have a fully static shape, and onn
 give the golden outputs on the static model within the model's tolerance: onnxsim is known to
 break some models, so it is never trusted blindly. The graph is renamed `main`, the entry
 point of every compiled artifact.
+
+Control flow (If, Loop): shape inference cannot see through a subgraph that reads outer-scope
+initializers (a Pad's pads, a Reshape's shape), nor through output shapes the exporter wrote
+with symbolic dims. So before simplifying, each subgraph gets its own copy of the outer
+initializers it reads and forgets its recorded shapes; then inference fills them in.
 """
 from __future__ import annotations
 
 import collections
 import json
 
-VERSION = 1
+VERSION = 2  # 2: subgraphs get their own copies of outer initializers (If/Loop bodies)
 OUTPUTS = ("model.onnx", "static.json")
 ENTRY = "main"
 
@@ -58,6 +63,41 @@ def bind_inputs(model, shapes: dict) -> None:
             d.Clear()
 
 
+def subgraphs(graph):
+    """The subgraphs of a graph's nodes (If branches, Loop/Scan bodies), one level down."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield attr.g
+            yield from attr.graphs
+
+
+def localize_subgraphs(graph, outer: dict | None = None) -> None:
+    """Give every subgraph its own copies of the outer initializers it reads, and drop the
+    shapes recorded inside it (stale symbolic dims), so that shape inference reaches it."""
+    visible = {**(outer or {}), **{t.name: t for t in graph.initializer}}
+    for sub in subgraphs(graph):
+        del sub.value_info[:]
+        for value in sub.output:
+            value.type.tensor_type.ClearField("shape")
+        defined = ({t.name for t in sub.initializer} | {i.name for i in sub.input}
+                   | {o for n in sub.node for o in n.output})
+        used = {i for n in sub.node for i in n.input if i}
+        for name in sorted(used - defined):
+            if name in visible:
+                sub.initializer.append(visible[name])
+        localize_subgraphs(sub, visible)
+
+
+def drop_unused_initializers(graph) -> None:
+    """Outer initializers that only subgraphs read are now copied there: drop the originals."""
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [t for t in graph.initializer if t.name in used]
+    if len(keep) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+
+
 def run(ctx) -> None:
     import onnx
     import onnxsim
@@ -68,6 +108,7 @@ def run(ctx) -> None:
     shapes = {i["name"]: i["shape"] for i in ctx.config["inputs"]}
     nodes_before = len(model.graph.node)
     bind_inputs(model, shapes)
+    localize_subgraphs(model.graph)
     try:
         model, ok = onnxsim.simplify(model, overwrite_input_shapes=shapes)
     except Exception as exc:
@@ -76,6 +117,8 @@ def run(ctx) -> None:
     if not ok:
         raise ctx.error("onnxsim could not verify its simplified model",
                         hint="check the input shapes in the spec")
+    localize_subgraphs(model.graph)  # onnxsim writes subgraph shapes of its own
+    drop_unused_initializers(model.graph)
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except Exception as exc:

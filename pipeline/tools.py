@@ -21,7 +21,10 @@ from .store import sha256_file
 
 # Python distributions whose version is part of a step key when the step uses them.
 DISTRIBUTIONS = ("onnx", "onnxsim", "onnxruntime", "numpy", "iree-base-compiler",
-                 "iree-base-runtime", "pillow", "nnef-tools", "nnef", "tflite", "ai-edge-litert")
+                 "iree-base-runtime", "pillow", "nnef-tools", "nnef", "tflite", "ai-edge-litert",
+                 "apache-tvm", "apache-tvm-ffi", "xgboost-cpu")
+# External binaries identified by the sha256 of their (resolved) file.
+BINARIES = ("qemu-aarch64-static", "g++", "aarch64-linux-gnu-g++")
 
 SETUP_HINT = "run ./setup.sh (it installs every tool the pipeline needs)"
 
@@ -43,14 +46,17 @@ def versions(*names: str) -> dict[str, str]:
     for name in names:
         if name in DISTRIBUTIONS:
             out[name] = distribution_version(name)
-        elif name == "qemu-aarch64-static":
+        elif name in BINARIES:
             exe = shutil.which(name)
-            out[name] = f"sha256:{sha256_file(Path(exe))}" if exe else "missing"
+            out[name] = f"sha256:{sha256_file(Path(exe).resolve())}" if exe else "missing"
         elif name.startswith("vulkan-driver:"):
             out[name] = vulkan_driver_fingerprint(name.split(":", 1)[1])
         elif name == "iree-runtime-aarch64":
             rt = aarch64_runtime(required=False)
             out[name] = rt.version if rt else "missing"
+        elif name == "tvm-aarch64":
+            tv = aarch64_tvm(required=False)
+            out[name] = tv.version if tv else "missing"
         else:
             raise ValueError(f"unknown tool {name!r}")
     return out
@@ -147,6 +153,33 @@ def aarch64_runtime(required: bool = True, **where) -> Aarch64Runtime | None:
         return rt
     if required:
         raise PipelineError(f"the aarch64 IREE runtime {version} is not unpacked at {root}",
+                            hint=SETUP_HINT, **where)
+    return None
+
+
+@dataclass(frozen=True)
+class Aarch64Tvm:
+    """An aarch64 Python with the aarch64 TVM wheel (setup.sh), run under qemu-user here.
+
+    `python` is a wrapper script: it starts the aarch64 python3.11 under qemu-aarch64-static
+    (QEMU_CPU picks the CPU model) with the wheel's site folder on its path.
+    """
+    root: Path
+    version: str
+
+    @property
+    def python(self) -> Path:
+        return self.root / "python"
+
+
+def aarch64_tvm(required: bool = True, **where) -> Aarch64Tvm | None:
+    """Locate the aarch64 Python + TVM of the host's apache-tvm version (unpacked by setup.sh)."""
+    version = distribution_version("apache-tvm")
+    tv = Aarch64Tvm(tools_dir() / f"tvm-{version}-aarch64", version)
+    if tv.python.is_file() and (tv.root / "site" / "tvm").is_dir():
+        return tv
+    if required:
+        raise PipelineError(f"the aarch64 Python with TVM {version} is not unpacked at {tv.root}",
                             hint=SETUP_HINT, **where)
     return None
 

@@ -137,11 +137,12 @@ def test_bench_times_each_artifact_against_onnxruntime_in_one_run(benched):
     assert summary["schema"] == bench.SUMMARY_SCHEMA and summary["target"] == "host"
     assert summary["machine"]["cpu_model"] == cpu_model
     assert summary["not_measured"] == [] and summary["regression"] is None
-    assert [(r["model"], r["abi"]) for r in summary["artifacts"]] == [("alpha", "cpu-x86_64"),
-                                                                      ("beta", "cpu-x86_64")]
+    assert [(r["model"], r["abi"]) for r in summary["artifacts"]] == [
+        ("alpha", "cpu-x86_64"), ("alpha", "cpu-x86_64-tvm"), ("beta", "cpu-x86_64"),
+        ("beta", "cpu-x86_64-tvm")]  # both compilers' host artifacts
     for row in summary["artifacts"]:
-        art = manifest["models"][row["model"]]["artifacts"]["cpu-x86_64"]
-        path = ws.artifacts / f"host/{row['model']}/cpu-x86_64/bench/{art['sha256']}.json"
+        art = manifest["models"][row["model"]]["artifacts"][row["abi"]]
+        path = ws.artifacts / f"host/{row['model']}/{row['abi']}/bench/{art['sha256']}.json"
         assert row["result"] == path.relative_to(ws.artifacts).as_posix()
         doc = _json(path)
         assert doc["artifact"] == {k: art[k] for k in ("path", "sha256", "size")}
@@ -166,7 +167,8 @@ def test_bench_times_each_artifact_against_onnxruntime_in_one_run(benched):
         assert row["p50_ms"] == doc["stats"]["total"]["p50_ms"]
         # same thread count on both sides, recorded
         assert doc["runner"]["threads"] == doc["baseline"]["threads"] == summary["threads"]
-        assert doc["runner"]["driver"] == "local-task" and doc["baseline"]["allow_spinning"] is False
+        assert doc["runner"]["driver"] == ("cpu" if row["abi"].endswith("-tvm") else "local-task")
+        assert doc["baseline"]["allow_spinning"] is False
         assert doc["outputs_check"]["artifact"]["passed"] is True
         assert row["validation"]["outputs"][0]["max_abs"] == art["validation"]["outputs"][0]["max_abs"]
     out = result.stdout
@@ -183,7 +185,7 @@ def test_bench_is_not_part_of_the_build_and_measures_again_each_time(benched):
     assert again.returncode == 0, again.stderr
     assert ran(again) == ["bench"]  # the build is up to date; the measurement reran
     rows = _json(ws.artifacts / "host/bench.json")["artifacts"]
-    assert [r["n"] for r in rows] == [2, 2]
+    assert [r["n"] for r in rows] == [2, 2, 2, 2]
 
 
 def test_regression_against_a_baseline_is_flagged_and_gates(benched, tmp_path):
@@ -199,7 +201,7 @@ def test_regression_against_a_baseline_is_flagged_and_gates(benched, tmp_path):
     assert flagged.returncode == 0, flagged.stderr
     reg = _json(ws.artifacts / "host/bench.json")["regression"]
     assert reg["baseline"] == str(path) and reg["threshold_pct"] == 10
-    assert reg["regressed"] == ["alpha/cpu-x86_64"]
+    assert reg["regressed"] == ["alpha/cpu-x86_64", "alpha/cpu-x86_64-tvm"]
     status = {r["model"]: r for r in reg["rows"]}
     assert status["beta"]["status"] == "ok" and status["beta"]["same_artifact"] is True
     assert "regressions (p50 worse by more than 10%): alpha/cpu-x86_64" in flagged.stdout
@@ -248,6 +250,13 @@ CPU_AARCH64 = """  cpu-aarch64:
     arch: aarch64
     cpu: cortex-a55
     run: {via: qemu, qemu_cpu: cortex-a76}
+  cpu-aarch64-tvm:
+    compiler: tvm
+    arch: aarch64
+    cpu: cortex-a55
+    cpu_features: [+neon]
+    num_cores: 4
+    run: {via: qemu, qemu_cpu: cortex-a76}
 """
 MIXED = """description: this host, the board's CPU and GPU
 abis:
@@ -256,6 +265,13 @@ abis:
     backend: llvm-cpu
     arch: x86_64
     cpu: x86-64-v3
+    run: {via: python}
+  cpu-x86_64-tvm:
+    compiler: tvm
+    arch: x86_64
+    cpu: x86-64-v3
+    cpu_features: []
+    num_cores: 2
     run: {via: python}
   vulkan-mali-g610:
     compiler: iree
@@ -285,12 +301,13 @@ def test_emulated_and_twin_artifacts_are_listed_never_timed(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = _json(ws.artifacts / "mixed/bench.json")
     timed = {r["abi"]: r for r in summary["artifacts"]}
-    assert sorted(timed) == ["cpu-x86_64", "vulkan-baseline"]
+    assert sorted(timed) == ["cpu-x86_64", "cpu-x86_64-tvm", "vulkan-baseline"]  # IREE's, TVM's
     assert timed["vulkan-baseline"]["ratio_to_onnxruntime"] > 0
     skipped = {r["abi"]: r for r in summary["not_measured"]}
-    assert sorted(skipped) == ["cpu-aarch64", "vulkan-mali-g610"]
-    assert skipped["cpu-aarch64"]["reason"] == "emulated"
-    assert skipped["cpu-aarch64"]["executed"]["emulated"] is True
+    assert sorted(skipped) == ["cpu-aarch64", "cpu-aarch64-tvm", "vulkan-mali-g610"]
+    for name in ("cpu-aarch64", "cpu-aarch64-tvm"):  # IREE's and TVM's
+        assert (skipped[name]["model"], skipped[name]["reason"]) == ("alpha", "emulated")
+        assert skipped[name]["executed"]["emulated"] is True
     assert "validated through a twin" in skipped["vulkan-mali-g610"]["reason"]
     assert not (ws.artifacts / "mixed/alpha/cpu-aarch64/bench").exists()
     assert "not measured here: alpha/cpu-aarch64: emulated" in result.stdout
@@ -351,11 +368,13 @@ def test_overhead_script_reports_noop_cold_and_the_edited_models_chain(tmp_path)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "bare `doit --version`" in out and "no-op `doit build`" in out
-    assert "cold build (11 tasks)" in out
+    assert "cold build (19 tasks)" in out
     assert "one-model edit (beta: input x [1, 3, 16, 16] -> [2, 3, 16, 16])" in out
     chain = [l.strip() for l in out.splitlines() if l.startswith("    ")]
-    assert chain == ["golden:beta", "static:beta", "iree_compile:host/beta/cpu-x86_64",
-                     "validate:host/beta/cpu-x86_64", "manifest:host"]
+    assert chain == ["golden:beta", "static:beta", "coverage:host/beta",
+                     "iree_compile:host/beta/cpu-x86_64", "tvm_compile:host/beta/cpu-x86_64-tvm",
+                     "validate:host/beta/cpu-x86_64", "validate:host/beta/cpu-x86_64-tvm",
+                     "choose:host/beta", "manifest:host"]
     assert "= beta's chain as the build graph predicts it: equal" in out
     tmp = next(l for l in out.splitlines() if "temporary folder" in l).rsplit(" ", 1)[1]
     assert not Path(tmp).exists()  # cleaned up; the user's artifacts/ never touched

@@ -55,7 +55,8 @@ def test_cold_then_noop_then_one_model_edit(workspace):
     # A new test-input seed for beta: beta's chain reruns, alpha's does not.
     spec_b.write_text(spec_b.read_text().replace("seed: 0", "seed: 5"))
     third = workspace.build("target=host")
-    assert ran(third) == ["golden:beta", "manifest:host", "static:beta", "validate:host/beta/cpu-x86_64"]
+    assert ran(third) == ["choose:host/beta", "golden:beta", "manifest:host", "static:beta",
+                          "validate:host/beta/cpu-x86_64", "validate:host/beta/cpu-x86_64-tvm"]
 
 
 def test_target_flag_change_reruns_compile_and_validate_of_that_target_only(workspace, tmp_path):
@@ -105,15 +106,16 @@ def test_store_restores_outputs_without_rerunning_the_tool(workspace):
     assert not log.exists(), "the compiler ran although the store held the key"
 
 
-def test_model_that_iree_cannot_compile_fails_clearly_while_others_build(workspace):
+def test_model_that_no_compiler_can_take_fails_clearly_while_others_build(workspace):
     add_tiny_model(workspace.models, "alpha", seed=1)
     add_fixture_model(workspace.models, "romanizer_encoder")
     result = workspace.build("target=host", check=False)
     assert result.returncode != 0
     out = result.stdout + result.stderr
-    assert "model=romanizer_encoder" in out and "target=host/cpu-x86_64" in out
-    assert "stage=iree_compile" in out and "cannot compile these ONNX ops: GRU" in out
-    log = workspace.artifacts / "logs/iree_compile/host_romanizer_encoder_cpu-x86_64.log"
+    # op coverage: neither IREE nor TVM takes its GRU, found before compiling (test_tvm.py)
+    assert "[model=romanizer_encoder target=host stage=coverage]" in out
+    assert "IREE cannot take GRU" in out and "TVM cannot take GRU" in out
+    log = workspace.artifacts / "logs/coverage/host_romanizer_encoder.log"
     assert f"log: {log}" in out and "onnx.GRU" in log.read_text()
     assert "Traceback" not in out
     # nothing left behind for the failed step; the other model is built and validated
