@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import json
 
-VERSION = 1
+VERSION = 2  # 2: TFLite route folds shape ops, restores I/O names (nnef_fixes, sources)
 OUTPUTS = ("model.onnx", "import.json")
 
 

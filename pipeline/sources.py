@@ -10,8 +10,9 @@ TFLite models (IndexError in its layout pass on face_landmark, AssertionError on
 IREE's TFLite importer (iree-tools-tflite) needs TensorFlow; TVM's Relax TFLite frontend imports
 face_landmark (max abs 1.4e-4) but cannot leave TVM for the ONNX stages and fails on basic-pitch
 (EXPAND_DIMS). Khronos nnef-tools reads TFLite and writes ONNX through NNEF, keeping the model's
-own NHWC interface (it inserts Transposes inside; with --keep-io-names the tensor names stay),
-once its PRELU transform is fixed (`nnef_fixes.py`). The converted model is then checked like any
+own NHWC interface (it inserts Transposes inside; with --keep-io-names the tensor names stay, and
+names NNEF cannot spell, such as `input_2:0`, are given back after conversion), once a few gaps are
+fixed (`nnef_fixes.py`: PRELU, SELECT_V2, NNEF stack, shape ops computed at run time). The converted model is then checked like any
 other: the static stage compares it with the TFLite interpreter's golden outputs.
 
 A layout flip is never silent: the import stage requires the converted model's inputs and
@@ -20,6 +21,7 @@ outputs to have exactly the source's names, order, shapes and dtypes.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -135,8 +137,10 @@ class ConversionError(Exception):
 
 
 def _nnef_tools(args: list[str], log: Path | None) -> None:
-    """Run `python -m nnef_tools.convert` (a child process: it prints freely and may exit)."""
-    argv = [sys.executable, "-m", "nnef_tools.convert", *args]
+    """Run nnef-tools' converter in a child process (it prints freely and may exit), through
+    `python -m pipeline.nnef_fixes`: `nnef_tools.convert` with constant shape ops folded after
+    reading a TFLite file (see nnef_fixes.fold_shape_ops)."""
+    argv = [sys.executable, "-m", "pipeline.nnef_fixes", *args]
     repo = str(Path(__file__).resolve().parent.parent)  # --custom-converters imports pipeline.nnef_fixes
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -159,18 +163,45 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> None:
                          str(source), "--output-model", str(nnef_dir), "--keep-io-names",
                          "--custom-converters", "pipeline.nnef_fixes"], log)
         _nnef_tools(["--input-format", "nnef", "--output-format", "onnx", "--input-model",
-                     str(nnef_dir), "--output-model", str(out), "--keep-io-names"], log)
-    _clean_onnx(out)
+                     str(nnef_dir), "--output-model", str(out), "--keep-io-names",
+                     "--custom-converters", "pipeline.nnef_fixes"], log)
+    _clean_onnx(out, read_signature(source))
 
 
-def _clean_onnx(path: Path) -> None:
-    """nnef-tools lists every weight as a graph input too: keep only the real inputs."""
+def _nnef_identifier(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def _restore_io_names(model, signature: dict) -> None:
+    """NNEF names are identifiers, so nnef-tools turns a TFLite `input_2:0` into `input_2_0`: give the
+    interface back the source's own names, by position, where the name is exactly that identifier
+    (any other difference is left for io_mismatches to report)."""
+    rename = {}
+    for kind, infos in (("inputs", model.graph.input), ("outputs", model.graph.output)):
+        for want, vi in zip(signature.get(kind, []), infos):
+            if vi.name != want["name"] and vi.name == _nnef_identifier(want["name"]):
+                rename[vi.name] = want["name"]
+    taken = {o for n in model.graph.node for o in n.output} | {t.name for t in model.graph.initializer}
+    rename = {a: b for a, b in rename.items() if b not in taken}
+    if not rename:
+        return
+    for node in model.graph.node:
+        node.input[:] = [rename.get(n, n) for n in node.input]
+        node.output[:] = [rename.get(n, n) for n in node.output]
+    for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        vi.name = rename.get(vi.name, vi.name)
+
+
+def _clean_onnx(path: Path, signature: dict) -> None:
+    """nnef-tools lists every weight as a graph input too: keep only the real inputs, under the
+    source's names."""
     import onnx
     model = onnx.load(str(path))
     inits = {t.name for t in model.graph.initializer}
     real = [vi for vi in model.graph.input if vi.name not in inits]
     del model.graph.input[:]
     model.graph.input.extend(real)
+    _restore_io_names(model, signature)
     path.write_bytes(model.SerializeToString(deterministic=True))
 
 
