@@ -10,13 +10,23 @@ Control flow (If, Loop): shape inference cannot see through a subgraph that read
 initializers (a Pad's pads, a Reshape's shape), nor through output shapes the exporter wrote
 with symbolic dims. So before simplifying, each subgraph gets its own copy of the outer
 initializers it reads and forgets its recorded shapes; then inference fills them in.
+
+Rewrites for the compiler, applied only where the graph has the pattern, each exact (a copy of
+the same values) and listed in static.json under `rewrites`:
+- `reflect-pad-as-gather`: IREE 3.13 (llvm-cpu) cannot compile some reflect Pads: basic-pitch's
+  [1, 1, 43844] -> [1, 1, 44100] fails with `'linalg.generic' op inferred input/output operand #0
+  has shape's dimension #0 to be greater than or equal to 128, but found 113` (the tiled reversed
+  slice). Measured on one-Pad models: padding the innermost axis of [1, 1, 1000] (or [1, 1000]) by
+  64 or 128 fails, by 8 or 127 compiles; 128 on a non-innermost axis compiles. The rank is not the
+  cause. A reflect Pad only copies elements, so every reflect Pad with constant pads becomes one
+  Gather per padded axis with the constant indices reflection reads: the same values, bit for bit.
 """
 from __future__ import annotations
 
 import collections
 import json
 
-VERSION = 2  # 2: subgraphs get their own copies of outer initializers (If/Loop bodies)
+VERSION = 3  # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather rewrite
 OUTPUTS = ("model.onnx", "static.json")
 ENTRY = "main"
 
@@ -98,6 +108,53 @@ def drop_unused_initializers(graph) -> None:
         graph.initializer.extend(keep)
 
 
+def _reflect_indices(size: int, before: int, after: int):
+    import numpy as np
+    idx = np.abs(np.arange(-before, size + after))          # reflect about the first element
+    return np.where(idx > size - 1, 2 * (size - 1) - idx, idx).astype(np.int64)  # ... and the last
+
+
+def reflect_pads_as_gathers(model) -> list[str]:
+    """Replace each reflect Pad with constant pads by Gathers along its padded axes; returns the
+    names of the nodes replaced. Needs the shapes of strict shape inference."""
+    from onnx import helper, numpy_helper
+    inits = {t.name: t for t in model.graph.initializer}
+    shapes = {vi.name: _dims(vi) for vi in list(model.graph.input) + list(model.graph.value_info)}
+    nodes, replaced = [], []
+    for k, node in enumerate(model.graph.node):
+        mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "constant")
+        shape = shapes.get(node.input[0]) if node.op_type == "Pad" else None
+        if mode != "reflect" or not shape or node.input[1] not in inits:
+            nodes.append(node)
+            continue
+        pads = numpy_helper.to_array(inits[node.input[1]]).tolist()
+        rank = len(shape)
+        axes = list(range(rank))
+        if len(node.input) > 3 and node.input[3]:  # opset 18+: pads only for the listed axes
+            if node.input[3] not in inits:
+                nodes.append(node)
+                continue
+            axes = [a % rank for a in numpy_helper.to_array(inits[node.input[3]]).tolist()]
+        n = len(axes)
+        todo = [(a, pads[i], pads[i + n]) for i, a in enumerate(axes) if pads[i] or pads[i + n]]
+        if not todo or any(b < 0 or e < 0 or b >= shape[a] or e >= shape[a] for a, b, e in todo):
+            nodes.append(node)  # nothing to pad, or a crop / an invalid reflect: leave it as it is
+            continue
+        current = node.input[0]
+        for j, (axis, before, after) in enumerate(todo):
+            stem = f"{node.output[0]}__reflect_axis{axis}"
+            model.graph.initializer.append(
+                numpy_helper.from_array(_reflect_indices(shape[axis], before, after), f"{stem}_indices"))
+            out = node.output[0] if j == len(todo) - 1 else stem
+            nodes.append(helper.make_node("Gather", [current, f"{stem}_indices"], [out], axis=axis,
+                                          name=f"{node.name or f'Pad_{k}'}__gather_axis{axis}"))
+            current = out
+        replaced.append(node.name or f"Pad_{k}")
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return replaced
+
+
 def run(ctx) -> None:
     import onnx
     import onnxsim
@@ -125,6 +182,13 @@ def run(ctx) -> None:
         raise ctx.error(f"shape inference failed on the simplified model: "
                         f"{str(exc).strip().splitlines()[-1]}",
                         hint="the input shapes in the spec may not be ones the model accepts")
+    rewrites = []
+    replaced = reflect_pads_as_gathers(model)
+    if replaced:
+        rewrites.append({"rule": "reflect-pad-as-gather", "nodes": replaced,
+                         "why": "IREE 3.13 llvm-cpu fails to compile reflect Pad of this size; "
+                                "Gather with constant indices copies the same elements"})
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     dynamic = dynamic_tensors(model)
     if dynamic:
         shown = ", ".join(dynamic[:8]) + (f" and {len(dynamic) - 8} more" if len(dynamic) > 8 else "")
@@ -154,5 +218,5 @@ def run(ctx) -> None:
               "ops": dict(sorted(ops.items())), "entry": ENTRY,
               "inputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.input],
               "outputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.output],
-              "vs_original": result}
+              "rewrites": rewrites, "vs_original": result}
     ctx.output("static.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
