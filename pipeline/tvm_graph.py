@@ -75,7 +75,9 @@ def coverage_step(project, model, target) -> Step:
                                        **({"unpredicted": prediction["unpredicted"]}
                                           if prediction.get("unpredicted") else {})},
                         "compilers": by_compiler,
-                        "iree_abi": cpu[0].compile_config() if cpu else None},
+                        # the flags matter only when the step must confirm that IREE fails
+                        "iree_abi": cpu[0].compile_config() if cpu and prediction.get("iree")
+                        else None},
                 inputs={"model": _static(layout, model)}, outputs=coverage.OUTPUTS,
                 out_dir=layout.root / target.name / model.name / "coverage",
                 tools=("onnx", "iree-base-compiler", "apache-tvm"), action=coverage.run,

@@ -334,7 +334,9 @@ def test_report_is_self_contained_and_renders_in_headless_chromium(benched, tmp_
     assert "http://" not in html and "https://" not in html and "<script" not in html
     for text in ("alpha", "beta", "fp32", "p99 ms", "ratio", "copy in", "Size vs latency"):
         assert text in html
-    assert html.count("<svg") == 2 * 2 + 1  # split + distribution per artifact, one scatter
+    timed = json.loads((ws.artifacts / "host/bench.json").read_text())["artifacts"]
+    assert len(timed) == 4  # alpha and beta, each IREE's and TVM's host build
+    assert html.count("<svg") == 2 * len(timed) + 1  # split + distribution per artifact, one scatter
 
     # the detector itself: a page with a console error and a failed load must be caught
     bad = tmp_path / "bad.html"
