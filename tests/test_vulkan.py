@@ -88,7 +88,8 @@ def rk3588_build(tmp_path_factory):
 def test_rk3588_ships_valhall3_with_a_validated_twin(rk3588_build):
     ws = rk3588_build
     doc = json.loads((ws.artifacts / "rk3588/manifest.json").read_text())
-    assert doc["target"]["fallback"] == ["vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64"]
+    assert doc["target"]["fallback"] == ["vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64",
+                                         "cpu-aarch64-tvm"]
     arts = doc["models"]["alpha"]["artifacts"]
     mali = arts["vulkan-mali-g610"]
     assert sha256(ws.artifacts / mali["path"]) == mali["sha256"]
@@ -185,13 +186,18 @@ def test_validation_catches_iree_vulkan_miscompiling_the_classifier(tmp_path):
 def test_a_skipped_abi_is_recorded_with_its_reason(tmp_path):
     ws = Workspace(tmp_path / "ws")
     spec = add_tiny_model(ws.models, "alpha", seed=2)
-    spec.write_text(spec.read_text() + "skip:\n  'vulkan-*': known IREE bug, see issue 12\n")
+    spec.write_text(spec.read_text() + "skip:\n  'vulkan-*': known IREE bug, see issue 12\n"
+                    "  '*-tvm': not wanted from TVM\n")  # patterns reach TVM's ABIs too
     ws.build("target=rk3588")
     doc = json.loads((ws.artifacts / "rk3588/manifest.json").read_text())
     model = doc["models"]["alpha"]
     assert sorted(model["artifacts"]) == ["cpu-aarch64"]
-    assert model["skipped"] == {"vulkan-baseline": "known IREE bug, see issue 12",
+    assert model["skipped"] == {"cpu-aarch64-tvm": "not wanted from TVM",
+                                "vulkan-baseline": "known IREE bug, see issue 12",
                                 "vulkan-mali-g610": "known IREE bug, see issue 12"}
+    choice = model["choice"]["cpu"]
+    assert choice["ships"] == "cpu-aarch64"
+    assert "skipped by the model's spec: not wanted from TVM" in choice["reason"]
     bad = add_tiny_model(ws.models, "beta", seed=3)
     bad.write_text(bad.read_text() + "skip:\n  'vulkan-*': ''\n")
     result = ws.build("target=rk3588", check=False)
