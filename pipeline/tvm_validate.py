@@ -16,9 +16,7 @@ import platform
 import sys
 from pathlib import Path
 
-from . import golden
-from .numerics import compare, describe_failures, summary
-from .tools import aarch64_tvm, distribution_version, qemu_aarch64, run_tool
+from .tools import aarch64_tvm, distribution_version, qemu_aarch64
 
 VERSION = 1
 OUTPUTS = ("validation.json",)
@@ -50,26 +48,12 @@ def runner_argv(config: dict, so: Path, inputs: list, outputs: list,
 
 
 def run(ctx) -> None:
-    import numpy as np
-
-    doc, _, expected = golden.load(ctx)
-    inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
-    outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
-    where = dict(stage=ctx.step.stage, **ctx.step.where)
-    argv, executed, env = runner_argv(ctx.config, ctx.input("model.so"), inputs, outputs, where)
-    run_tool(argv, log=ctx.log, what=f"running the TVM artifact ({executed['where']})", env=env,
-             hint="read the log; SIGILL means the artifact uses CPU features the executing CPU "
-                  "lacks", timeout=3600, **where)
-    actual = [np.load(p, allow_pickle=False) for p in outputs]
-    for p in outputs:
-        p.unlink()
-    names = [o["name"] for o in doc["outputs"]]
-    result = compare(actual, expected, names, ctx.config["tolerance"])
-    if not result["passed"]:
-        raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
-                        f"({summary(result)})",
-                        hint="the TVM artifact is numerically wrong for this tolerance: compare "
-                             "with the untuned build (tuning budget 0), or report it to TVM")
+    from .validate import run_and_compare
+    _, _, _, executed, result = run_and_compare(
+        ctx, ctx.input("model.so"), runner_argv, what="TVM artifact",
+        run_hint="read the log; SIGILL means the artifact uses CPU features the executing CPU lacks",
+        wrong_hint="the TVM artifact is numerically wrong for this tolerance: compare with the "
+                   "untuned build (tuning budget 0), or report it to TVM")
     report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
               "outputs": result["outputs"], "shipped_bytes_executed": True}
     ctx.output("validation.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -60,20 +60,19 @@ def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) ->
     return argv, executed, None
 
 
-def run(ctx) -> None:
+def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wrong_hint: str):
+    """Run an artifact on the golden inputs through `runner_argv` (this module's, or TVM's) and
+    compare with golden; returns (doc, actual, names, executed, result). Fails the step when the
+    run fails or the outputs are beyond the tolerance."""
     import numpy as np
 
     doc, _, expected = golden.load(ctx)
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    twin = ctx.config["run"]["via"] == "twin"
-    executable = ctx.input("twin.vmfb" if twin else "vmfb")
     argv, executed, env = runner_argv(ctx.config, executable, inputs, outputs, where)
-    run_tool(argv, log=ctx.log, what=f"running the {'twin' if twin else 'artifact'} "
-             f"({executed['where']})", env=env,
-             hint="read the log; an INCOMPATIBLE error means the artifact was built for "
-                  "another device than the one running it", timeout=3600, **where)
+    run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
+             hint=run_hint, timeout=3600, **where)
     actual = [np.load(p, allow_pickle=False) for p in outputs]
     for p in outputs:
         p.unlink()
@@ -81,9 +80,21 @@ def run(ctx) -> None:
     result = compare(actual, expected, names, ctx.config["tolerance"])
     if not result["passed"]:
         raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
-                        f"({summary(result)})",
-                        hint="the compiled artifact is numerically wrong for this tolerance: "
-                             "try without the ABI's optional flags, or report it to IREE")
+                        f"({summary(result)})", hint=wrong_hint)
+    return doc, actual, names, executed, result
+
+
+def run(ctx) -> None:
+    import numpy as np
+
+    twin = ctx.config["run"]["via"] == "twin"
+    doc, actual, names, executed, result = run_and_compare(
+        ctx, ctx.input("twin.vmfb" if twin else "vmfb"), runner_argv,
+        what="twin" if twin else "artifact",
+        run_hint="read the log; an INCOMPATIBLE error means the artifact was built for another "
+                 "device than the one running it",
+        wrong_hint="the compiled artifact is numerically wrong for this tolerance: try without "
+                   "the ABI's optional flags, or report it to IREE")
     vs_fp32 = None
     if "reference_tolerance" in ctx.config:  # a precision variant: also against fp32, within its gate
         reference = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False)

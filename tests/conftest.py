@@ -100,6 +100,24 @@ def add_default_model(models: Path, name: str) -> Path:
     return models / name / "model.yaml"
 
 
+def target_registry(folder: Path, keep) -> Path:
+    """The real target files (host, rk3588) with only the ABIs whose YAML body `keep` accepts
+    (same flags), their fallback order cut to match, and only the compiler-choice slots whose
+    ABIs are all kept."""
+    import yaml
+    folder.mkdir(parents=True)
+    for name in ("rk3588", "host"):
+        doc = yaml.safe_load((REPO / "pipeline/targets" / f"{name}.yaml").read_text())
+        doc["abis"] = {k: v for k, v in doc["abis"].items() if keep(v)}
+        doc["fallback"] = [a for a in doc.get("fallback", doc["abis"]) if a in doc["abis"]]
+        doc["ship"] = {k: v for k, v in doc.get("ship", {}).items()
+                       if all(a in doc["abis"] for a in v["abis"])}
+        if not doc["ship"]:
+            del doc["ship"]
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
 class Workspace:
     """models/ and artifacts/ folders of their own, built with the repo's dodo.py through doit."""
 

@@ -10,25 +10,13 @@ from __future__ import annotations
 
 import json
 
-from conftest import REPO, Workspace, ran, require_aarch64, sha256
+from conftest import REPO, Workspace, ran, require_aarch64, sha256, target_registry
 from pipeline.graph import load_project
-
-CPU_ONLY = """description: {description}
-abis:
-{abis}"""
 
 
 def cpu_only_registry(tmp_path):
     """The real target files with their Vulkan ABIs taken out (same CPU ABIs, same flags)."""
-    import yaml
-    folder = tmp_path / "targets"
-    folder.mkdir()
-    for name in ("rk3588", "host"):
-        doc = yaml.safe_load((REPO / "pipeline/targets" / f"{name}.yaml").read_text())
-        doc["abis"] = {k: v for k, v in doc["abis"].items() if v.get("backend") != "vulkan-spirv"}
-        doc["fallback"] = [a for a in doc.get("fallback", doc["abis"]) if a in doc["abis"]]
-        (folder / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return folder
+    return target_registry(tmp_path / "targets", lambda abi: abi.get("backend") != "vulkan-spirv")
 
 
 def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):

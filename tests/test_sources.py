@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from conftest import (FIXTURES, REPO, add_default_model, add_fixture_model, add_tiny_model, require,
-                      require_aarch64, sha256)
+from conftest import (FIXTURES, REPO, add_default_model, add_fixture_model, add_tiny_model,
+                      require_aarch64, sha256, target_registry)
 from pipeline import sources
 from pipeline.errors import SpecError
 from pipeline.graph import load_project
@@ -248,14 +247,7 @@ def test_basic_pitch_onnx_and_tflite_sources_build_and_their_artifacts_agree(wor
         assert sha256(FIXTURES / name / f"nmp.{fmt}") in spec[name]
         assert (FIXTURES / name / "LICENSE").read_text().startswith("Copyright 2022 Spotify AB")
     # IREE's CPU ABIs of the real targets: this test is about the sources (TVM: tests/test_tvm.py)
-    targets = workspace.root / "targets"
-    targets.mkdir()
-    for name in ("host", "rk3588"):
-        doc = yaml.safe_load((REPO / "pipeline/targets" / f"{name}.yaml").read_text())
-        doc["abis"] = {k: v for k, v in doc["abis"].items() if v.get("backend") == "llvm-cpu"}
-        doc["fallback"] = [k for k in doc.get("fallback", doc["abis"]) if k in doc["abis"]]
-        doc.pop("ship", None)
-        (targets / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    targets = target_registry(workspace.root / "targets", lambda abi: abi.get("backend") == "llvm-cpu")
     workspace.build("target=host", f"targets={targets}")
     workspace.build("target=rk3588", f"targets={targets}")
 
