@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from .errors import unknown_keys
 
 
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm")
@@ -125,8 +126,7 @@ def parse_preprocessing(raw, inputs: dict, where: str, problems: list) -> dict:
         if not isinstance(body, dict):
             problems.append(f"{pw}: expected a mapping with color, resize, scale, mean, std, layout")
             continue
-        for key in sorted(set(body) - _PRE_KEYS):
-            problems.append(f"{pw}: unknown key {key!r} (allowed: {', '.join(sorted(_PRE_KEYS))})")
+        unknown_keys(problems, pw, body, _PRE_KEYS)
         before = len(problems)
         color, resize = body.get("color", "rgb"), body.get("resize", "none")
         layout = body.get("layout", "NCHW")

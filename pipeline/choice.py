@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import unknown_keys
 from .tools import python_module_argv, run_tool
 
 VERSION = 1
@@ -53,8 +54,7 @@ def parse_target(raw, abi_names: list[str], native: set[str], where: str, proble
         if not isinstance(body, dict):
             problems.append(f"{sw}: expected a mapping with abis and policy")
             continue
-        for key in sorted(set(body) - _SLOT_KEYS):
-            problems.append(f"{sw}: unknown key {key!r} (allowed: {', '.join(sorted(_SLOT_KEYS))})")
+        unknown_keys(problems, sw, body, _SLOT_KEYS)
         abis = body.get("abis")
         if not isinstance(abis, list) or len(abis) < 2 or not all(isinstance(a, str) for a in abis):
             problems.append(f"{sw}.abis: expected a list of two or more ABI names")
@@ -138,7 +138,7 @@ def run(ctx) -> None:
                          reason=f"explicit choice in the model spec (ship.{cfg['target']}."
                                 f"{slot['name']}: {slot['explicit']})")
         elif len(candidates) == 1:
-            entry.update(ships=candidates[0], reason=f"the only candidate"
+            entry.update(ships=candidates[0], reason="the only candidate"
                          + (f" ({_skipped_text(slot['skipped'])})" if slot["skipped"] else ""))
         elif slot["policy"] == "prefer":
             entry.update(ships=candidates[0],

@@ -36,3 +36,9 @@ class SpecError(PipelineError):
         body = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"{len(problems)} problem(s) in the specs, nothing was built:\n{body}",
                          stage="spec")
+
+
+def unknown_keys(problems: list, where: str, got, allowed) -> None:
+    """Append one spec problem per key of `got` outside `allowed`, naming the allowed ones."""
+    for key in sorted(set(got) - set(allowed)):
+        problems.append(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from . import shapes, sources
-from .errors import PipelineError, SpecError
+from .errors import PipelineError, SpecError, unknown_keys
 from .store import atomic_write_text, canonical_json, sha256_file, sha256_text
 
 TARGETS_DIR = Path(__file__).resolve().parent / "targets"
@@ -135,8 +135,7 @@ _IO_KEYS = {"inputs": {"layout", "preprocessing"}, "outputs": {"layout", "postpr
 
 class _Problems(list):
     def unknown(self, where: str, got: dict, allowed: set) -> None:
-        for key in sorted(set(got) - allowed):
-            self.append(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+        unknown_keys(self, where, got, allowed)
 
 
 def _read_yaml(path: Path, problems: _Problems) -> Any:

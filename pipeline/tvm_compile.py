@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import unknown_keys
 from .tools import describe_exit, python_module_argv, run_tool, tail
 
 VERSION = 1
@@ -99,8 +100,7 @@ def parse_abi(name: str, body: dict, where: str, problems: list) -> TvmAbi | Non
     if not isinstance(run, dict):
         problems.append(f"{where}.run: expected a mapping saying how to run the artifact here")
         run = {}
-    for key in sorted(set(run) - _RUN_KEYS):
-        problems.append(f"{where}.run: unknown key {key!r} (allowed: {', '.join(sorted(_RUN_KEYS))})")
+    unknown_keys(problems, f"{where}.run", run, _RUN_KEYS)
     via = run.get("via")
     if via not in ("python", "qemu"):
         problems.append(f"{where}.run.via: expected 'python' (this machine's TVM runtime) or 'qemu' "

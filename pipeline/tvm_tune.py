@@ -39,9 +39,9 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import PipelineError
+from .errors import PipelineError, unknown_keys
 from .store import sha256_file
-from .tools import SETUP_HINT, distribution_version, python_module_argv
+from .tools import distribution_version, python_module_argv
 
 VERSION = 1
 DATABASE = ("database_workload.json", "database_tuning_record.json")
@@ -63,8 +63,7 @@ def parse_model(raw, model_dir: Path, where: str, problems: list) -> dict:
     if not isinstance(raw, dict):
         problems.append(f"{where}: tvm: expected a mapping with tune and/or database")
         return out
-    for key in sorted(set(raw) - _TVM_KEYS):
-        problems.append(f"{where}: tvm: unknown key {key!r} (allowed: database, tune)")
+    unknown_keys(problems, f"{where}: tvm", raw, _TVM_KEYS)
     tune = raw.get("tune") or {}
     if not isinstance(tune, dict):
         problems.append(f"{where}: tvm.tune: expected a mapping of target -> {{trials, per_task}}")
@@ -76,8 +75,7 @@ def parse_model(raw, model_dir: Path, where: str, problems: list) -> dict:
         if not isinstance(body, dict):
             problems.append(f"{tw}: expected {{trials: N, per_task: K}} or a number of trials")
             continue
-        for key in sorted(set(body) - _TUNE_KEYS):
-            problems.append(f"{tw}: unknown key {key!r} (allowed: {', '.join(sorted(_TUNE_KEYS))})")
+        unknown_keys(problems, tw, body, _TUNE_KEYS)
         trials, per_task = body.get("trials", 0), body.get("per_task", body.get("trials", 0))
         for name, value in (("trials", trials), ("per_task", per_task)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

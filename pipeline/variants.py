@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .calibration import Dataset, check_dataset_fits, list_dataset, parse_preprocessing
+from .errors import unknown_keys
 
 PRECISIONS = ("fp16", "int8")
 METHODS = ("minmax", "entropy", "percentile")
@@ -140,8 +141,7 @@ def parse(raw: dict, spec_dir: Path, inputs: list, tolerance, where: str, proble
         if not isinstance(v, dict):
             problems.append(f"{vw}: expected a mapping with precision, evaluation, gate, ...")
             continue
-        for key in sorted(set(v) - _VARIANT_KEYS):
-            problems.append(f"{vw}: unknown key {key!r} (allowed: {', '.join(sorted(_VARIANT_KEYS))})")
+        unknown_keys(problems, vw, v, _VARIANT_KEYS)
         before = len(problems)
         precision = v.get("precision", name if name in PRECISIONS else None)
         if precision not in PRECISIONS:
@@ -155,9 +155,7 @@ def parse(raw: dict, spec_dir: Path, inputs: list, tolerance, where: str, proble
                 problems.append(f"{vw}.calibration: an int8 variant needs calibration: "
                                 f"{{data: FOLDER, method: minmax|entropy|percentile, per_channel}}")
             else:
-                for key in sorted(set(calib) - _CALIBRATION_KEYS):
-                    problems.append(f"{vw}.calibration: unknown key {key!r} (allowed: "
-                                    f"{', '.join(sorted(_CALIBRATION_KEYS))})")
+                unknown_keys(problems, f"{vw}.calibration", calib, _CALIBRATION_KEYS)
                 kw["calibration"] = list_dataset(spec_dir / str(calib["data"]),
                                                  f"{vw}.calibration.data", problems)
                 method = calib.get("method", "minmax")
@@ -239,8 +237,7 @@ def _gate(raw, vw: str, problems: list) -> Gate | None:
         problems.append(f"{vw}.gate: required: {{max_abs, mean_abs, cosine, top1_agreement?}} "
                         f"(the variant against fp32 on the evaluation set)")
         return None
-    for key in sorted(set(raw) - _GATE_KEYS):
-        problems.append(f"{vw}.gate: unknown key {key!r} (allowed: {', '.join(sorted(_GATE_KEYS))})")
+    unknown_keys(problems, f"{vw}.gate", raw, _GATE_KEYS)
     vals = {}
     for key in ("max_abs", "mean_abs", "cosine", "top1_agreement"):
         if key not in raw:
