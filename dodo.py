@@ -15,12 +15,14 @@ tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulate
 """
 import sys
 
-from doit import get_var
+from doit import create_after, get_var
 
-from pipeline import accuracy, bench, release, signing, tvm_tune, verify
-from pipeline.errors import PipelineError
-from pipeline.graph import load_project
-from pipeline.steps import doit_call, doit_task
+from pipeline.bench import measure as bench
+from pipeline.core.errors import PipelineError
+from pipeline.core.steps import doit_call, doit_task
+from pipeline.graph import STAGES, load_project
+from pipeline.release import release, signing, verify
+from pipeline.stages import accuracy, tvm_tune
 
 try:
     PROJECT = load_project(models=get_var("models", "models"),
@@ -42,81 +44,49 @@ DOIT_CONFIG = {
 }
 
 
-def _tasks(stage):
+def _tasks(stage: str):
     for step in PROJECT.steps(stage):
         yield doit_task(step)
 
 
-def task_import():
-    """check the source model (onnx.checker) and normalise its opset"""
-    yield from _tasks("import")
+# One task per stage of the table (pipeline/graph/stages.py), in its order. The stages after
+# `coverage` read its verdicts (which compiler can take which model): their tasks are made once
+# the coverage tasks have run, so that loading the project (and `doit list`) runs no tool.
+def _stage_task(stage):
+    def creator():
+        yield from _tasks(stage.name)
+        if stage.name == "accuracy":
+            yield _accuracy_report()
+    creator.__doc__ = stage.doc
+    return creator
 
 
-def task_golden():
-    """onnxruntime CPU outputs on each model's fixed test inputs"""
-    yield from _tasks("golden")
-
-
-def task_static():
-    """bind every dynamic dim, simplify with onnxsim, compare with golden"""
-    yield from _tasks("static")
-
-
-def task_quantize():
-    """precision variants: int8 (QDQ, calibrated) or fp16 models from the static model"""
-    yield from _tasks("quantize")
-
-
-def task_accuracy():
-    """precision variants' gates vs fp32; `doit accuracy [model=NAME]` prints them with the layer table"""
+def _accuracy_report() -> dict:
     steps = PROJECT.steps("accuracy")
-    for step in steps:
-        yield doit_task(step)
-    yield {"name": "report", "doc": "print each variant's gate and layer-by-layer divergence",
-           "actions": [(doit_call, [accuracy.doit_report, PROJECT.layout, steps,
-                                    get_var("model", None)])],
-           "task_dep": [f"accuracy:{s.name}" for s in steps], "uptodate": [False],
-           "verbosity": 2}
+    return {"name": "report", "doc": "print each variant's gate and layer-by-layer divergence",
+            "actions": [(doit_call, [accuracy.doit_report, PROJECT.layout, steps,
+                                     get_var("model", None)])],
+            "task_dep": [f"accuracy:{s.name}" for s in steps], "uptodate": [False],
+            "verbosity": 2}
 
 
-def task_coverage():
-    """which ops of each model each compiler of the target cannot take (skips that compiler)"""
-    yield from _tasks("coverage")
+for _stage in STAGES:
+    if not _stage.after_coverage:
+        globals()[f"task_{_stage.name}"] = _stage_task(_stage)
 
 
-def task_iree_compile():
-    """compile the static model with IREE for each target ABI"""
-    yield from _tasks("iree_compile")
-
-
-def task_tvm_tune():
-    """apply a model's MetaSchedule database (pinned or tuned by `doit tune`) for a TVM ABI"""
-    yield from _tasks("tvm_tune")
-
-
-def task_tvm_compile():
-    """compile the static model with TVM (Relax) for each TVM ABI of the target"""
-    yield from _tasks("tvm_compile")
-
-
-def task_validate():
-    """run each artifact (natively or under qemu-user) and compare with golden"""
-    yield from _tasks("validate")
-
-
-def task_choose():
-    """which compiler's artifact ships per slot of the target (policy in the target's YAML)"""
-    yield from _tasks("choose")
-
-
-def task_manifest():
-    """write artifacts/<target>/manifest.json listing each artifact with its sha256"""
-    yield from _tasks("manifest")
+@create_after(executed="coverage", creates=[s.name for s in STAGES if s.after_coverage])
+def task_after_coverage():
+    """(made once `coverage` has run) iree_compile, tvm_tune, tvm_compile, validate, choose, manifest"""
+    for stage in STAGES:
+        if stage.after_coverage:
+            for step in PROJECT.steps(stage.name):
+                yield {**doit_task(step), "basename": stage.name}
 
 
 def task_build():
     """build every model for target=NAME (default: all targets) and write its manifest"""
-    return {"actions": None, "task_dep": [f"manifest:{t.name}" for t in PROJECT.targets]}
+    return {"actions": None, "task_dep": ["manifest"]}  # the loaded targets' (target=NAME)
 
 
 def task_release():
@@ -124,7 +94,7 @@ def task_release():
     target = get_var("target", None)
     return {"actions": [(doit_call, [release.run, PROJECT, target, get_var("version", None),
                                      get_var("key", None)])],
-            "task_dep": [f"manifest:{target}"] if target else [],
+            "task_dep": ["manifest"] if target else [],
             "uptodate": [False], "verbosity": 2}
 
 
@@ -147,7 +117,7 @@ def task_bench():
     known = [t.name for t in PROJECT.targets]
     return {"actions": [(bench.doit_action, [PROJECT.layout, target,
                                              {v: get_var(v, None) for v in bench.VARS}, known])],
-            "task_dep": [f"manifest:{target}"] if target else [],
+            "task_dep": ["manifest"] if target else [],
             "uptodate": [False],  # a measurement, never cached
             "verbosity": 2}
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 
 def _untuned(art: dict, static: Path, out: Path) -> Path:
-    from pipeline.tvm_compile import compile_argv
+    from pipeline.stages.tvm_compile import compile_argv
     config = {"target": art["compile"]["target"], "linker": art["compile"]["linker"],
               "entry": art["entry"]}
     proc = subprocess.run(compile_argv(static, config, out, None), capture_output=True, text=True,
@@ -38,8 +38,8 @@ def _untuned(art: dict, static: Path, out: Path) -> Path:
 
 def main(argv=None) -> int:
     import numpy as np
-    from pipeline.bench import IreeCpuRunner, OnnxruntimeCpuRunner, TvmCpuRunner, stats
-    from pipeline.numerics import compare, summary
+    from pipeline.run.timing import IreeCpuRunner, OnnxruntimeCpuRunner, TvmCpuRunner, stats
+    from pipeline.core.numerics import compare, summary
 
     parser = argparse.ArgumentParser(prog="python bench/compilers.py")
     parser.add_argument("--model", required=True)

@@ -69,7 +69,7 @@ def edit_spec(spec: Path, signature: dict) -> str:
 def predicted_chain(models: Path, artifacts: Path, target: str, before: dict) -> list[str]:
     """doit tasks the edit must re-run: fingerprint changed, or downstream of one that did."""
     from pipeline.graph import STAGES, load_project
-    from pipeline.store import _memo
+    from pipeline.core.store import _memo
     after = _steps(load_project(models, artifacts, target))
     _memo.save()  # now, while the temporary folder still exists
     dirty = {task for task, (fp, _, _) in after.items() if before.get(task, (None,))[0] != fp}
@@ -83,14 +83,14 @@ def predicted_chain(models: Path, artifacts: Path, target: str, before: dict) ->
 
 def in_stage_order(tasks) -> list[str]:
     from pipeline.graph import STAGES
-    order = {stage: k for k, stage in enumerate(STAGES)}
+    order = {stage.name: k for k, stage in enumerate(STAGES)}
     return sorted(tasks, key=lambda t: (order.get(t.split(":")[0], len(order)), t))
 
 
 def _steps(project) -> dict:
     from pipeline.graph import STAGES
     out = {}
-    for stage in STAGES:
+    for stage in (s.name for s in STAGES):
         for step in project.steps(stage):
             outputs = {str(step.out_dir / o) for o in step.outputs} | {str(step.record)}
             out[f"{stage}:{step.name}"] = (step.static_fingerprint(),
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
               f"{med_noop - med_version:+.2f} s")
         print(f"cold build ({len(ran(first))} tasks):   {cold:6.1f} s")
 
-        from pipeline.store import _memo
+        from pipeline.core.store import _memo
         project = load_project(models, artifacts, args.target)
         before = _steps(project)
         _memo.save()

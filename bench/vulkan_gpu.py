@@ -46,9 +46,10 @@ def _compile(find_tool, compile_flags, requirements, mlir: Path, cfg: dict, vmfb
 def prepare(args) -> int:
     sys.path.insert(0, str(REPO))
     from iree.compiler.tools.binaries import find_tool
-    from pipeline.iree_compile import compile_flags, requirements
+    from pipeline.compilers.iree_compiler import compile_flags
+    from pipeline.compilers.iree_targets import requirements
     from pipeline.spec import load_target
-    from pipeline.store import sha256_file
+    from pipeline.core.store import sha256_file
 
     artifacts = Path(args.artifacts).resolve()
     target = load_target(args.target)
@@ -95,9 +96,9 @@ def run(args) -> int:
     root = Path(args.dir).resolve()
     sys.path.insert(0, str(root))
     import numpy as np
-    from pipeline import vulkan
-    from pipeline.numerics import compare, summary
-    from pipeline.runtime import load_module, to_host
+    from pipeline.run import vulkan
+    from pipeline.core.numerics import compare, summary
+    from pipeline.run.app import load_module, to_host
 
     env = vulkan.driver_env(None)
     devices, why = vulkan.query_devices(env)

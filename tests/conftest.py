@@ -28,7 +28,7 @@ def require(condition: bool, reason: str) -> None:
 
 
 def require_aarch64() -> None:
-    from pipeline.tools import aarch64_runtime
+    from pipeline.core.tools import aarch64_runtime
     require(shutil.which("qemu-aarch64-static") is not None, "qemu-aarch64-static missing (./setup.sh)")
     require(aarch64_runtime(required=False) is not None, "aarch64 IREE runtime missing (./setup.sh)")
 

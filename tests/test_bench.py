@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, Workspace, add_tiny_model, ran, require, require_aarch64
-from pipeline import bench
-from pipeline.errors import PipelineError
+from pipeline.bench import measure as bench
+from pipeline.core.errors import PipelineError
 
 FEW = ("iterations=6", "seconds=0", "warmup=1")
 

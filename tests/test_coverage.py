@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from pipeline import coverage
+from pipeline.stages import coverage
 
 RNG = np.random.default_rng(0)
 H = 8
@@ -101,7 +101,7 @@ CASES = {
 
 def iree_compiles(path, tmp_path) -> tuple[bool, str]:
     from iree.compiler.tools.binaries import find_tool
-    from pipeline.iree_compile import compile_flags
+    from pipeline.compilers.iree_compiler import compile_flags
     config = {"backend": "llvm-cpu", "triple": "x86_64-linux-gnu", "cpu": "x86-64-v3",
               "cpu_features": [], "flags": []}
     mlir = tmp_path / "m.mlir"
@@ -115,7 +115,7 @@ def iree_compiles(path, tmp_path) -> tuple[bool, str]:
 
 
 def tvm_imports(path) -> tuple[bool, str]:
-    proc = subprocess.run([sys.executable, "-m", "pipeline.coverage", "--tvm-import", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "pipeline.stages.coverage", "--tvm-import", str(path)],
                           capture_output=True, text=True)
     return proc.returncode == 0, proc.stdout + proc.stderr
 

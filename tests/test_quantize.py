@@ -118,7 +118,7 @@ def host_build(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- spec and data
 def test_variant_specs_are_checked_strictly_and_all_problems_reported(tmp_path):
-    from pipeline.errors import SpecError
+    from pipeline.core.errors import SpecError
     from pipeline.spec import load_models
     models = tmp_path / "models"
     spec = add_cnn(models, """  int8:
@@ -161,7 +161,7 @@ def test_variant_specs_are_checked_strictly_and_all_problems_reported(tmp_path):
 
 
 def test_evaluation_must_not_share_samples_with_calibration(tmp_path):
-    from pipeline.errors import SpecError
+    from pipeline.core.errors import SpecError
     from pipeline.spec import load_models
     models = tmp_path / "models"
     add_cnn(models, INT8)
@@ -179,7 +179,7 @@ def test_evaluation_must_not_share_samples_with_calibration(tmp_path):
 
 def test_preprocessing_resizes_normalises_and_lays_out(tmp_path):
     from PIL import Image
-    from pipeline.calibration import Preprocessing, SampleError, image_to_input, load_sample
+    from pipeline.spec.calibration import Preprocessing, SampleError, image_to_input, load_sample
     Image.fromarray(np.full((10, 40, 3), (255, 0, 51), np.uint8)).save(tmp_path / "wide.png")
     pre = Preprocessing("x", color="bgr", resize="keep_ratio", pad=-9.0, scale=1 / 255,
                         mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), layout="NCHW")
@@ -225,7 +225,7 @@ def test_int8_variant_is_quantized_gated_compiled_validated_and_listed(host_buil
     # quantize: QDQ with standard ops only, calibrated on the declared data (by content hash)
     q = int8["quantization"]
     calib = sorted((ws.models / "cnn" / "calibration").iterdir())
-    from pipeline.store import canonical_json, sha256_text
+    from pipeline.core.store import canonical_json, sha256_text
     assert q["calibration"]["sha256"] == sha256_text(canonical_json([[p.name, sha256(p)] for p in calib]))
     assert (q["format"], q["calibration"]["samples"], q["calibration"]["method"]) == ("QDQ", 16, "minmax")
     model_path = ws.artifacts / int8["static_model"]["path"]
@@ -265,8 +265,8 @@ def test_runtime_helper_opens_a_variant(host_build):
     golden = ws.artifacts / "models" / VARIANT / "golden"
     prog = ("import sys, numpy as np\n"
             f"sys.path.insert(0, {str(REPO)!r})\n"
-            "from pipeline.runtime import Runner\n"
-            "from pipeline.errors import PipelineError\n"
+            "from pipeline.run.app import Runner\n"
+            "from pipeline.core.errors import PipelineError\n"
             f"M = {str(ws.artifacts / 'host/manifest.json')!r}\n"
             f"r = Runner.open(M, 'cnn', variant='int8')\n"
             f"x = np.load({str(golden / 'input_0.npy')!r})\n"
@@ -475,7 +475,7 @@ def test_a_model_that_cannot_be_quantized_is_a_clear_error(tmp_path):
 # ----------------------------------------------------------------------------- every ABI of rk3588
 @pytest.fixture(scope="module")
 def rk3588_variants(tmp_path_factory):
-    from pipeline import vulkan
+    from pipeline.run import vulkan
     require_aarch64()
     devices, why = vulkan.query_devices(vulkan.driver_env("lavapipe"))
     require(bool(devices), f"lavapipe missing (./setup.sh installs mesa-vulkan-drivers): {why}")
@@ -515,17 +515,17 @@ def test_variants_go_through_every_rk3588_abi_fp16_only_where_16bit_storage_exis
 
 def test_compiling_fp16_for_a_target_without_16bit_storage_fails_loudly(rk3588_variants):
     import dataclasses
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
     from pipeline.graph import load_project
-    from pipeline.steps import execute
-    from pipeline.variants import variant_model
+    from pipeline.core.steps import execute
+    from pipeline.stages.plan import variant_model
     ws = rk3588_variants
     project = load_project(ws.models, ws.artifacts, "rk3588")
     (model,) = project.models
     (target,) = project.targets
     abi = next(a for a in target.abis if a.name == "vulkan-baseline")
     fp16 = next(v for v in model.variants if v.precision == "fp16")
-    from pipeline.graph import compile_step
+    from pipeline.stages.iree_compile import compile_step
     step = compile_step(project.layout, variant_model(model, fp16), target, abi)
     step = dataclasses.replace(step, inputs={"model": ws.artifacts / "models/cnn.fp16/quantize/model.onnx"},
                                config={**step.config, "precision": "fp16"})

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from conftest import Workspace, add_tiny_model, require_aarch64, sha256, tiny_onnx
-from pipeline import release, signing
-from pipeline.errors import PipelineError, SpecError
+from pipeline.release import release, signing
+from pipeline.core.errors import PipelineError, SpecError
 from pipeline.graph import load_project
 from pipeline.spec import load_models
-from pipeline.tools import distribution_version
-from pipeline.verify import extract, verify
+from pipeline.core.tools import distribution_version
+from pipeline.release.verify import extract, verify
 
 RELEASE_SPEC = """release:
   io:

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import (FIXTURES, REPO, add_default_model, add_fixture_model, add_tiny_model,
                       require_aarch64, sha256, target_registry)
-from pipeline import sources
-from pipeline.errors import SpecError
+from pipeline.spec import sources
+from pipeline.core.errors import SpecError
 from pipeline.graph import load_project
 from pipeline.spec import load_models
 
@@ -270,7 +270,7 @@ def test_basic_pitch_onnx_and_tflite_sources_build_and_their_artifacts_agree(wor
     for g_onnx, g_tfl in zip(*golden.values()):  # onnxruntime on nmp.onnx vs LiteRT on nmp.tflite
         assert g_onnx.shape == g_tfl.shape and np.abs(g_onnx - g_tfl).max() < 1e-4  # 4.2e-5 measured
 
-    from pipeline.runtime import Runner
+    from pipeline.run.app import Runner
     for target, abi in (("host", "cpu-x86_64"), ("rk3588", "cpu-aarch64")):
         manifest = workspace.artifacts / target / "manifest.json"
         doc = json.loads(manifest.read_text())
@@ -299,7 +299,7 @@ def test_reflect_pad_as_gather_is_exact_and_leaves_other_pads_alone():
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from pipeline import static
+    from pipeline.stages import static
 
     def model(pads, mode, shape, opset, axes=None):
         inits = [numpy_helper.from_array(np.array(pads, np.int64), "p")]
@@ -352,7 +352,7 @@ def test_variants_build_validate_and_are_listed_in_the_manifest_for_apps(workspa
     assert base["source"] == variant["source"]
     a, b = base["artifacts"]["cpu-x86_64"], variant["artifacts"]["cpu-x86_64"]
     assert a["sha256"] != b["sha256"] and b["validation"]["status"] == "passed"
-    from pipeline.runtime import Runner
+    from pipeline.run.app import Runner
     runner = Runner.open(workspace.artifacts / "host" / "manifest.json", "tiny.b2")
     x = np.load(workspace.artifacts / "models" / "tiny.b2" / "golden" / "input_0.npy")
     (y,) = runner.run(x)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO, add_tiny_model, sha256, tiny_onnx, write_spec
-from pipeline.errors import PipelineError, SpecError
+from pipeline.core.errors import PipelineError, SpecError
 from pipeline.spec import known_targets, load_models, load_target
 
 

@@ -10,9 +10,10 @@ import pytest
 
 from conftest import (add_default_model, add_fixture_model, add_tiny_model, require_aarch64)
 from pipeline import graph
-from pipeline.errors import PipelineError
-from pipeline.iree_compile import compile_flags, unsupported_ops
-from pipeline.steps import execute
+from pipeline.stages import iree_compile, validate
+from pipeline.core.errors import PipelineError
+from pipeline.compilers.iree_compiler import compile_flags, unsupported_ops
+from pipeline.core.steps import execute
 
 
 def project(tmp_path, target=None):
@@ -26,9 +27,10 @@ def run_stages(proj, model, *stages, target=None, abi=None):
         if stage in ("iree_compile", "validate"):
             t = next(t for t in proj.targets if t.name == target)
             a = next(a for a in t.abis if a.name == abi) if abi else t.abis[0]
-            steps.append(graph.STAGE_STEPS[stage](proj.layout, spec, t, a))
+            make = iree_compile.compile_step if stage == "iree_compile" else validate.validate_step
+            steps.append(make(proj.layout, spec, t, a))
         else:
-            steps.append(graph.STAGE_STEPS[stage](proj.layout, spec))
+            steps.append(next(s for s in proj.steps(stage) if s.name == model))
     for step in steps:
         execute(step)
     return steps
@@ -59,7 +61,7 @@ def test_static_binds_dynamic_hw_of_the_detector(tmp_path):
     assert report["vs_original"]["passed"] and report["vs_original"]["outputs"][0]["max_abs"] < 1e-4
     model = onnx.load(str(steps[2].out_dir / "model.onnx"))
     assert model.graph.name == "main"
-    from pipeline.static import dynamic_tensors
+    from pipeline.stages.static import dynamic_tensors
     assert dynamic_tensors(model) == []
 
 

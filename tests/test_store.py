@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline.store import (HashMemo, Store, atomic_write_text, canonical_json, step_key)
+from pipeline.core.store import (HashMemo, Store, atomic_write_text, canonical_json, step_key)
 
 
 def test_keys_are_full_sha256_of_canonical_json():

@@ -1,0 +1,80 @@
+"""The only code that knows where artifacts live.
+
+    artifacts/
+      models/<model>/<stage>/          target-independent steps: import, golden, static
+      <target>/<model>/<abi>/<stage>/  per-target steps: iree_compile, tvm_tune, tvm_compile, validate
+      <target>/<model>/<stage>/        per target and model: coverage, choose
+      <target>/manifest.json           what ships for the target, each file with its sha256
+      releases/<target>/<version>/     signed, immutable release bundles (see release.py)
+      <target>/<model>/<abi>/bench/<sha256>.json   `doit bench` result for that artifact (measured,
+                                       not built: rewritten on every bench run)
+      <target>/bench.json, report.html the last bench run of the target: summary and report
+      logs/<stage>/<step>.log          the tools' own output, kept for diagnosis
+      reports/accuracy/<model>.<variant>/  the report of a failed accuracy gate (the step's own
+                                       outputs are removed on failure; see accuracy.py)
+      .store/                          content-addressed step outputs (see store.py)
+      .cache/                          hash memo, model signatures (safe to delete)
+      .doit.db                         doit's own state (safe to delete)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path  # the artifacts folder
+
+    def model_stage(self, model: str, stage: str) -> Path:
+        return self.root / "models" / model / stage
+
+    def target_model_stage(self, target: str, model: str, stage: str) -> Path:
+        """Per target and model, whatever the ABI: coverage, choose."""
+        return self.root / target / model / stage
+
+    def artifact_stage(self, target: str, model: str, abi: str, stage: str) -> Path:
+        return self.root / target / model / abi / stage
+
+    def manifest(self, target: str) -> Path:
+        return self.root / target / "manifest.json"
+
+    def release(self, target: str, version: str) -> Path:
+        return self.root / "releases" / target / version
+
+    def scratch(self, stage: str, name: str) -> Path:
+        """Where a stage writes before publishing by rename (same file system as its outputs)."""
+        return self.root / ".tmp" / stage / name.replace("/", "__")
+
+    def bench_result(self, target: str, model: str, abi: str, sha256: str) -> Path:
+        return self.root / target / model / abi / "bench" / f"{sha256}.json"
+
+    def bench_summary(self, target: str) -> Path:
+        return self.root / target / "bench.json"
+
+    def bench_report(self, target: str) -> Path:
+        return self.root / target / "report.html"
+
+    def accuracy_report(self, variant: str) -> Path:
+        return self.root / "reports" / "accuracy" / variant
+
+    def log(self, stage: str, step: str) -> Path:
+        return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"
+
+    @property
+    def store(self) -> Path:
+        return self.root / ".store"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / ".cache"
+
+    @property
+    def doit_db(self) -> Path:
+        return self.root / ".doit.db"
+
+    def relative(self, path: Path) -> str:
+        """A path as written in manifests: relative to the artifacts folder, never absolute."""
+        return Path(path).resolve().relative_to(self.root.resolve()).as_posix()

@@ -1,0 +1,46 @@
+"""The one table of stages: which steps exist, in which order. Nothing else lists them.
+
+    import ─┬─> golden ─> static ─> coverage ─> iree_compile (per target ABI) ─> validate ─┬─> choose ─> manifest
+            └────────────────^                  └─> [tvm_tune ─>] tvm_compile ─> validate ─┘   (per target)
+    precision variants: static ─> quantize ─> accuracy (the gate) ─> golden ─> iree_compile ─> validate ─> manifest
+    shape variants are models of their own that share their model's import.
+
+Every stage module (pipeline/stages/<module>.py) has the same small interface:
+    steps(project) -> list[Step]   the steps of that stage for the loaded models and targets
+    run(ctx)                       what one step does (the Step carries it as its action)
+    VERSION, OUTPUTS               part of the step key; the files it writes
+A stage marked `after_coverage` reads the coverage step's verdicts to decide which ABIs a model
+is built for: dodo.py creates its tasks once the `coverage` tasks have run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+from ..stages import (accuracy, choose, coverage, golden, import_model, iree_compile, manifest,
+                      quantize, static, tvm_compile, tvm_tune, validate)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str                # the doit task name
+    module: ModuleType       # steps(project), run(ctx), VERSION, OUTPUTS
+    doc: str                 # one line, shown by `doit list`
+    after_coverage: bool = False
+
+
+STAGES = (
+    Stage("import", import_model, "check the source model (onnx.checker) and normalise its opset"),
+    Stage("golden", golden, "onnxruntime CPU outputs on each model's fixed test inputs"),
+    Stage("static", static, "bind every dynamic dim, simplify with onnxsim, compare with golden"),
+    Stage("quantize", quantize, "precision variants: int8 (QDQ, calibrated) or fp16 models from the static model"),
+    Stage("accuracy", accuracy, "precision variants' gates vs fp32 (`doit accuracy` prints them)"),
+    Stage("coverage", coverage, "which ops of each model each compiler of the target cannot take"),
+    Stage("iree_compile", iree_compile, "compile the static model with IREE for each target ABI", True),
+    Stage("tvm_tune", tvm_tune, "apply a model's MetaSchedule database (pinned or tuned by `doit tune`)", True),
+    Stage("tvm_compile", tvm_compile, "compile the static model with TVM (Relax) for each TVM ABI", True),
+    Stage("validate", validate, "run each artifact (natively or under qemu-user) and compare with golden", True),
+    Stage("choose", choose, "which compiler's artifact ships per slot of the target", True),
+    Stage("manifest", manifest, "write artifacts/<target>/manifest.json listing each artifact with its sha256", True),
+)
+BY_NAME = {s.name: s for s in STAGES}

@@ -1,0 +1,351 @@
+"""Stage `release`: one target's validated artifacts as a signed, immutable, reproducible bundle.
+
+    doit release target=rk3588 version=1.2.0 [key=PATH]    (or $MODELYARD_SIGNING_KEY)
+
+artifacts/releases/<target>/<version>/
+  manifest.json          every file below with sha256 and size, the waivers, SOURCE_DATE_EPOCH
+  manifest.json.sig      Ed25519 signature of manifest.json (signing.py)
+  release.json           per model the I/O contract; per artifact its file, runtime requirements,
+                         validation figures, benchmark figures (or "not measured"), any waiver
+  sbom.cdx.json          CycloneDX 1.6 bill of materials (provenance.py)
+  build-manifest.json    artifacts/<target>/manifest.json as built: step keys, flags, tools
+  models/<model>/<abi>/model.vmfb   (model.so for TVM artifacts)
+  licenses/<model>/<file>
+  modelyard-<target>-<version>.tar.gz   all of the above, under modelyard-<target>-<version>/
+  provenance.intoto.jsonl               DSSE-signed in-toto Statement (SLSA Provenance v1)
+
+What ships: every validated artifact, except where the target declares slots (the compiler
+choice, choice.py): of a slot's candidates only the one the manifest's `choice` marks ships;
+release.json records the choice, with its reason, per model.
+Gates: an artifact whose validation status is not "passed" (e.g. "twin-passed": validated
+through a twin build, the shipped bytes never ran) is refused unless its model spec waives it
+(`release: {waivers: [{abi, reason}]}`); a used waiver is recorded in manifest.json.
+Precision variants (`<model>.<variant>` in the build manifest) ship like models: the build
+manifest lists only variants that passed their accuracy gate; they share their model's spec
+(waivers, I/O contract) and licenses, and release.json says what they are a variant of.
+Reproducible: sorted entries, mtimes = SOURCE_DATE_EPOCH (default DEFAULT_EPOCH, never the
+clock), owner 0/0 with no names, mode 0644, no gzip name or timestamp; Ed25519 signatures are
+deterministic. Immutable: an existing version is never rewritten; the same content is a no-op.
+Atomic: everything is written in a scratch folder renamed into releases/ at the very end.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import tarfile
+from pathlib import Path
+
+from . import provenance
+
+from . import signing
+from ..core.errors import PipelineError
+from ..core.store import pretty_json, sha256_file
+from .verify import MANIFEST, PROVENANCE, SIGNATURE, archive_name, digest, file_digest, verify
+
+VERSION = 1
+SCHEMA = "modelyard.release/1"
+MANIFEST_SCHEMA = "modelyard.release-manifest/1"
+# semver.org 2.0.0, its own regular expression
+SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+                    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)"
+                    r"(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+                    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z: a constant, so that no clock reaches the archive
+NOT_DECLARED = "not declared in the model spec"
+
+
+def check_version(version: str | None, **where) -> str:
+    if not version or not SEMVER.match(version):
+        raise PipelineError(f"version {version!r} is not a semantic version (MAJOR.MINOR.PATCH, "
+                            f"e.g. 1.4.0 or 2.0.0-rc.1)", **where,
+                            hint="say version=X.Y.Z, without a leading v or leading zeros")
+    return version
+
+
+def source_date_epoch(**where) -> int:
+    raw = os.environ.get("SOURCE_DATE_EPOCH")
+    if raw is None:
+        return DEFAULT_EPOCH
+    if not raw.isdigit():
+        raise PipelineError(f"SOURCE_DATE_EPOCH={raw!r} is not a whole number of seconds", **where,
+                            hint="unset it (the default is 1980-01-01) or give seconds since 1970")
+    return int(raw)
+
+
+def run(project, target: str | None, version: str | None, key: str | None) -> str:
+    """Build (or confirm) artifacts/releases/<target>/<version>/; returns a summary."""
+    where = {"stage": "release", "target": target}
+    if not target:
+        raise PipelineError("a release is for one target: say target=NAME", stage="release",
+                            hint=f"known targets: {', '.join(t.name for t in project.targets)}")
+    check_version(version, **where)
+    private_key = signing.load_private_key(key, **where)
+    epoch = source_date_epoch(**where)
+    (spec,) = [t for t in project.targets if t.name == target]
+    build_path = project.layout.manifest(target)
+    if not build_path.is_file():
+        raise PipelineError(f"no build manifest at {build_path}", **where,
+                            hint=f"run `doit build target={target}` first (it failed, or never ran)")
+    build = json.loads(build_path.read_text())
+    ship, doc, waivers = plan(project, spec, build, **where)
+    # a precision variant's artifacts belong to its model's SBOM component
+    artifacts = [{"model": entry.get("variant_of", m), "abi": a, "path": art["file"],
+                  "sha256": art["sha256"]}
+                 for m, entry in doc["models"].items() for a, art in entry["artifacts"].items()]
+    models = [m for m in project.models if m.name in doc["models"]]
+    tools = _tools(project.layout, build, **where)
+    written = {"release.json": pretty_json(doc).encode(), "build-manifest.json": build_path.read_bytes(),
+               "sbom.cdx.json": provenance.sbom({"target": target, "version": version}, models,
+                                                artifacts, tools, epoch).encode()}
+    head = {"schema": MANIFEST_SCHEMA, "target": target, "version": version,
+            "archive_root": f"modelyard-{target}-{version}", "source_date_epoch": epoch,
+            "waivers": waivers}
+
+    scratch = project.layout.scratch("release", f"{target}/{version}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        manifest = _stage(scratch, ship, written, head, private_key, **where)
+        archive = scratch / archive_name(head["archive_root"])
+        write_archive(scratch, [*manifest["files"], MANIFEST, SIGNATURE], head["archive_root"],
+                      epoch, archive)
+        archive_sha, archive_size = file_digest(archive)
+        statement = provenance.statement(
+            subjects={archive.name: archive_sha, **{a["path"]: a["sha256"] for a in artifacts}},
+            models=models, target=spec, tools=tools,
+            external={"target": target, "version": version, "source_date_epoch": epoch,
+                      "waivers": waivers},
+            internal={"release_stage_version": VERSION, "target_definition_sha256": spec.sha256,
+                      "build_manifest_sha256": manifest["files"]["build-manifest.json"]["sha256"]},
+            byproducts={MANIFEST: file_digest(scratch / MANIFEST)[0],
+                        "sbom.cdx.json": manifest["files"]["sbom.cdx.json"]["sha256"]})
+        envelope = signing.dsse_envelope(private_key, pretty_json(statement).encode())
+        (scratch / PROVENANCE).write_text(json.dumps(envelope, sort_keys=True) + "\n")
+
+        final = project.layout.release(target, version)
+        if final.exists():
+            return _unchanged(final, (scratch / MANIFEST).read_bytes(), manifest, **where)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(scratch, final)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    waived = ", ".join(f"{w['model']}/{w['abi']} ({w['status']})" for w in waivers) or "none"
+    return (f"released {target} {version} -> {final}\n"
+            f"  archive {archive.name}: sha256 {archive_sha} ({archive_size} bytes)\n"
+            f"  {len(manifest['files'])} files in the signed manifest; key "
+            f"{signing.key_id(private_key.public_key())[:16]}; waivers: {waived}")
+
+
+def _stage(scratch: Path, ship: dict, written: dict, head: dict, private_key, **where) -> dict:
+    """Copy the shipped files (checking each artifact is the validated one), write the generated
+    ones, then the manifest listing them all and its signature; returns the manifest."""
+    for name, (source, expected) in sorted(ship.items()):
+        sha, _ = _copy(source, scratch / name)
+        if expected and sha != expected:
+            raise PipelineError(f"{source} changed after it was validated: sha256 {sha}, the "
+                                f"build manifest says {expected}", **where,
+                                hint=f"run `doit build target={where['target']}` again")
+    for name, data in written.items():
+        (scratch / name).write_bytes(data)
+    files = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
+    manifest = {**head, "files": {n: dict(zip(("sha256", "size"), file_digest(scratch / n)))
+                                  for n in files}}
+    data = pretty_json(manifest).encode()
+    (scratch / MANIFEST).write_bytes(data)
+    (scratch / SIGNATURE).write_text(pretty_json(signing.sign(private_key, data)))
+    return manifest
+
+
+# ----------------------------------------------------------------------------- what ships
+def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
+    """(bundle path -> (source file, sha256 its validation saw or None), release.json, waivers).
+
+    Refuses, listing every one, the artifacts that are neither validated nor waived.
+    """
+    specs = {m.name: m for m in project.models}
+    measured = _bench_figures(project.layout, target_spec.name)
+    ship, models, waivers, refused = {}, {}, [], []
+    for name, entry in sorted(build["models"].items()):
+        spec = specs[entry.get("variant_of", name)]  # a variant ships under its model's spec
+        artifacts = {}
+        not_shipped = {abi for slot in entry.get("choice", {}).values()
+                       for abi in slot["candidates"] if abi != slot["ships"]}
+        for abi, art in sorted(entry["artifacts"].items()):
+            if abi in not_shipped:
+                continue  # another compiler's artifact ships for this device (entry["choice"])
+            status = art["validation"]["status"]
+            waiver = None
+            if status != "passed":
+                waiver = _waiver(spec, target_spec.name, abi, status)
+                if waiver is None:
+                    refused.append(f"{name}/{abi}: validation status {status!r}, not 'passed'")
+                    continue
+                waivers.append(waiver)
+            file = f"models/{name}/{abi}/{Path(art['path']).name}"
+            ship[file] = (project.layout.root / art["path"], art["sha256"])
+            artifacts[abi] = _artifact(art, file, waiver, measured.get((name, abi, art["sha256"])))
+        licenses = []
+        for path in spec.licenses:
+            licenses.append(f"licenses/{spec.name}/{path.name}")
+            ship[licenses[-1]] = (path, None)
+        models[name] = {"description": entry["description"], "source": entry["source"],
+                        "licenses": licenses, "io": _contract(spec, entry["io"]),
+                        "artifacts": artifacts,
+                        **{k: entry[k] for k in ("shape_of", "shape", "shapes") if k in entry}}
+        if "variant_of" in entry:  # a precision variant: what it is, how it was made, its gate
+            models[name].update({k: entry[k] for k in ("variant_of", "precision", "quantization",
+                                                       "accuracy")})
+        if "choice" in entry:
+            models[name]["choice"] = {slot: {k: c[k] for k in ("ships", "policy", "reason")}
+                                      for slot, c in sorted(entry["choice"].items())}
+    if refused:
+        body = "\n".join(f"  - {r}" for r in refused)
+        raise PipelineError(f"{len(refused)} artifact(s) may not ship, nothing was released:\n{body}",
+                            **where, hint="ship only artifacts that ran and matched golden; or waive "
+                            "one in its models/<model>/model.yaml: release: {waivers: [{abi: NAME, "
+                            "status: twin-passed, reason: '...'}]} (the waiver is recorded)")
+    doc = {"schema": SCHEMA, "target": build["target"], "models": models}
+    return ship, doc, waivers
+
+
+def _waiver(spec, target: str, abi: str, status: str) -> dict | None:
+    for w in spec.release.get("waivers", []):
+        if w["abi"] == abi and w.get("target", target) == target and w.get("status", status) == status:
+            return {"model": spec.name, "abi": abi, "target": target, "status": status,
+                    "reason": w["reason"]}
+    return None
+
+
+def _contract(spec, io: dict) -> dict:
+    """The model's I/O as compiled (names, shapes, dtypes) plus what the spec declares about it."""
+    declared = spec.release.get("io", {})
+
+    def tensor(t: dict, processing: str) -> dict:
+        d = declared.get(t["name"], {})
+        return {**t, "layout": d.get("layout", NOT_DECLARED),
+                processing: d.get(processing, NOT_DECLARED)}
+
+    return {"inputs": [tensor(t, "preprocessing") for t in io["inputs"]],
+            "outputs": [tensor(t, "postprocessing") for t in io["outputs"]]}
+
+
+def _bench_figures(layout, target: str) -> dict:
+    """(model, abi, artifact sha256) -> figures of the target's last `doit bench`, if it measured
+    the manifest being released (a bench of other bytes says nothing about these)."""
+    summary_path, manifest_path = layout.bench_summary(target), layout.manifest(target)
+    if not summary_path.is_file() or not manifest_path.is_file():
+        return {}
+    summary = json.loads(summary_path.read_text())
+    if summary.get("manifest", {}).get("sha256") != sha256_file(manifest_path):
+        return {}
+    keep = ("p50_ms", "p90_ms", "p99_ms", "cv", "noisy", "n", "ratio_to_onnxruntime", "threads",
+            "runner", "phases_p50_ms", "onnxruntime")
+    return {(r["model"], r["abi"], r["sha256"]): {
+        "status": "measured", **{k: r[k] for k in keep},
+        "measured_on": summary["machine"].get("cpu_model", "?"),
+        "started_utc": summary["started_utc"]} for r in summary.get("artifacts", [])}
+
+
+def _artifact(art: dict, file: str, waiver: dict | None, measured: dict | None = None) -> dict:
+    abi = art["abi"]
+    vulkan = art.get("requires", {}).get("vulkan")
+    if art["format"] == "tvm-so":  # a TVM .so loads in the TVM runtime of its compiler's version
+        runtime = {"tvm_runtime": art["requires"]["tvm_runtime"], "device": abi["run"]["device"]}
+    else:
+        iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
+        runtime = {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
+                                    "install": f"pip install iree-base-runtime=={iree}"},
+                   "hal_driver": "vulkan" if vulkan else abi["run"]["device"]}
+    requires = {**runtime,
+                **{k: v for k, v in abi.items() if k not in ("name", "flags", "run", "compiler")}}
+    if vulkan:  # API/SPIR-V version, device features and subgroup size, as IREE compiled for
+        requires["vulkan"] = vulkan
+    emulated = art["validation"]["executed"].get("emulated")
+    benchmark = measured or {
+        "status": "not measured",
+        "note": "no timing was taken on the board" + (" (validation ran under emulation, whose "
+                                                      "timings mean nothing)" if emulated else "")}
+    return {"file": file, "sha256": art["sha256"], "size": art["size"], "format": art["format"],
+            "entry": art["entry"], "requires": requires, "compile_flags": art["compile"]["flags"],
+            "validation": {k: art["validation"][k]
+                           for k in ("status", "executed", "tolerance", "outputs",
+                                     "shipped_bytes_executed", "twin") if k in art["validation"]},
+            "benchmark": benchmark, "waiver": waiver}
+
+
+def _tools(layout, build: dict, **where) -> dict:
+    """Every tool version that went into the artifacts: the model stages' and each artifact's."""
+    tools = {}
+    for name, entry in build["models"].items():
+        stages = ("quantize", "accuracy", "golden") if "variant_of" in entry else (
+            "import", "golden", "static")
+        for stage in stages:
+            owner = entry.get("shape_of", name) if stage == "import" else name  # shapes share it
+            record = layout.model_stage(owner, stage) / "step.json"
+            if not record.is_file():
+                raise PipelineError(f"{record} is missing", **where,
+                                    hint=f"run `doit build target={where['target']}` again")
+            tools.update(json.loads(record.read_text())["key_parts"]["tools"])
+        for art in entry["artifacts"].values():
+            tools.update(art["compile"]["tools"])
+            tools.update(art["validation"]["tools"])
+    return tools
+
+
+# ----------------------------------------------------------------------------- writing
+def _copy(source: Path, dest: Path) -> tuple[str, int]:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(source, "rb") as src, open(dest, "xb") as out:
+        return digest(src, out)
+
+
+def write_archive(folder: Path, names: list[str], root: str, epoch: int, out: Path) -> None:
+    """A byte-reproducible .tar.gz of `names` (paths under `folder`), all under `root`/."""
+    with open(out, "xb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(names):
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size = (folder / name).stat().st_size
+            info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = \
+                epoch, 0o644, 0, 0, "", ""
+            with open(folder / name, "rb") as f:
+                tar.addfile(info, f)
+
+
+def _unchanged(final: Path, manifest_bytes: bytes, manifest: dict, **where) -> str:
+    """An existing release: the same content is a no-op (after checking it is intact)."""
+    try:
+        old = (final / MANIFEST).read_bytes()
+    except OSError:
+        raise PipelineError(f"{final} exists but holds no {MANIFEST}", **where,
+                            hint="releases are immutable: find out what wrote it before you "
+                                 "remove it by hand") from None
+    if old != manifest_bytes:
+        raise PipelineError(f"version {manifest['version']} of {manifest['target']} is already "
+                            f"released with other content (differ: {_differences(old, manifest)}); "
+                            f"a release is never rewritten", **where,
+                            hint="release under a new version number")
+    try:
+        verify(final)
+    except PipelineError as err:
+        raise PipelineError(f"{final} has the same manifest but is damaged:\n{err.what}", **where,
+                            hint="releases are immutable: restore it from a copy") from None
+    return f"unchanged: {manifest['target']} {manifest['version']} is already released with this " \
+           f"content at {final}"
+
+
+def _differences(old: bytes, new: dict) -> str:
+    """The files, then the other manifest fields, that differ between two release manifests."""
+    try:
+        old = json.loads(old)
+    except ValueError:
+        return "the old manifest.json is not JSON"
+    before, after = old.get("files", {}), new["files"]
+    files = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+    fields = sorted(k for k in set(old) | set(new) if k != "files" and old.get(k) != new.get(k))
+    shown = files[:8] + ([f"{len(files) - 8} more files"] if len(files) > 8 else []) + fields
+    return ", ".join(shown)

@@ -1,0 +1,43 @@
+"""Run a .vmfb with this machine's IREE Python runtime, in a child process of the pipeline.
+
+    python -m pipeline.run.iree_run --module m.vmfb --function main --device local-task \
+        --input in0.npy [--input in1.npy ...] --output out0.npy [--output out1.npy ...]
+
+A child process, so that a crash in the artifact (SIGILL on a CPU lacking a feature) is an
+error of the validate stage, not the end of the build.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.run.iree_run")
+    parser.add_argument("--module", required=True)
+    parser.add_argument("--function", required=True)
+    parser.add_argument("--device", default="local-task")
+    parser.add_argument("--input", action="append", default=[])
+    parser.add_argument("--output", action="append", default=[])
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import iree.runtime as rt
+
+    module = rt.load_vm_flatbuffer_file(args.module, driver=args.device)
+    fn = module[args.function]
+    results = fn(*[np.load(p, allow_pickle=False) for p in args.input])
+    if not isinstance(results, (tuple, list)):
+        results = (results,)
+    if len(results) != len(args.output):
+        print(f"the function returned {len(results)} results, {len(args.output)} expected",
+              file=sys.stderr)
+        return 3
+    from pipeline.run.app import to_host  # staging-buffer readback: works on Vulkan drivers too
+    for path, value in zip(args.output, results):
+        np.save(path, to_host(value), allow_pickle=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Model sources (spec side): which format a source is, its files, its sha256, its I/O signature.
+
+Conversion to ONNX is the import stage's (pipeline/stages/sources.py).
+
+Model sources other than ONNX: TFLite files and NNEF graph folders, brought into the ONNX stages.
+
+    format   source                         golden reference                 route to ONNX
+    onnx     model.onnx                     onnxruntime on the source        (none)
+    tflite   model.tflite                   LiteRT interpreter on the source tflite -> NNEF -> ONNX (nnef-tools)
+    nnef     folder with graph.nnef (+.dat) onnxruntime on the conversion    NNEF -> ONNX (nnef-tools)
+
+Why this route (measured on ../shared/models, Nov 2026): tflite2onnx 0.4.1 fails on both real
+TFLite models (IndexError in its layout pass on face_landmark, AssertionError on basic-pitch);
+IREE's TFLite importer (iree-tools-tflite) needs TensorFlow; TVM's Relax TFLite frontend imports
+face_landmark (max abs 1.4e-4) but cannot leave TVM for the ONNX stages and fails on basic-pitch
+(EXPAND_DIMS). Khronos nnef-tools reads TFLite and writes ONNX through NNEF, keeping the model's
+own NHWC interface (it inserts Transposes inside; with --keep-io-names the tensor names stay, and
+names NNEF cannot spell, such as `input_2:0`, are given back after conversion), once a few gaps are
+fixed (`nnef_fixes.py`: PRELU, SELECT_V2, NNEF stack, shape ops computed at run time). The converted model is then checked like any
+other: the static stage compares it with the TFLite interpreter's golden outputs.
+
+A layout flip is never silent: the import stage requires the converted model's inputs and
+outputs to have exactly the source's names, order, shapes and dtypes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.store import canonical_json, sha256_file, sha256_text
+
+NNEF_GRAPH = "graph.nnef"
+ROUTES = {"onnx": None, "tflite": "tflite->nnef->onnx (nnef-tools)", "nnef": "nnef->onnx (nnef-tools)"}
+GOLDEN = {"onnx": "onnxruntime (source)", "tflite": "litert (source)",
+          "nnef": "onnxruntime (nnef-tools conversion)"}
+TOOLS = {"onnx": (), "tflite": ("nnef-tools", "nnef", "tflite", "ai-edge-litert"),
+         "nnef": ("nnef-tools", "nnef")}
+TFLITE_DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool",
+                 9: "int8", 11: "float64"}
+
+
+def source_format(path: Path) -> str | None:
+    """'onnx', 'tflite' or 'nnef' (a folder: an NNEF graph), from the path alone; None if unknown."""
+    if path.is_dir():
+        return "nnef"
+    return {".onnx": "onnx", ".tflite": "tflite"}.get(path.suffix)
+
+
+def source_files(path: Path) -> dict[str, Path]:
+    """The files a source consists of, by logical name (an NNEF folder: graph.nnef and its .dat)."""
+    if path.is_dir():
+        return {f"source:{p.relative_to(path).as_posix()}": p
+                for p in sorted(path.rglob("*")) if p.is_file()}
+    return {"source": path}
+
+
+def source_sha256(path: Path) -> str:
+    """sha256 of the file; for a folder, of the canonical JSON of {relative path: sha256}."""
+    if path.is_dir():
+        return sha256_text(canonical_json({k: sha256_file(p) for k, p in source_files(path).items()}))
+    return sha256_file(path)
+
+
+# ----------------------------------------------------------------------------- signatures
+def read_signature(path: Path) -> dict:
+    """Inputs and outputs of a TFLite file or NNEF folder, in the form spec.read_signature gives.
+
+    Problems come back as {"error": text}; they are reported as spec problems.
+    """
+    fmt = source_format(path)
+    if fmt == "tflite":
+        return _tflite_signature(path)
+    if fmt == "nnef":
+        return _nnef_signature(path)
+    raise ValueError(f"not a TFLite or NNEF source: {path}")
+
+
+def _tflite_signature(path: Path) -> dict:
+    import tflite  # the flatbuffer schema: reads any file, custom ops included
+    try:
+        model = tflite.Model.GetRootAsModel(path.read_bytes(), 0)
+        graph = model.Subgraphs(0)
+    except Exception as exc:
+        return {"error": f"not a readable TFLite flatbuffer ({type(exc).__name__}: {exc})"}
+
+    def describe(indices):
+        out = []
+        for i in indices:
+            t = graph.Tensors(int(i))
+            sig = t.ShapeSignatureAsNumpy() if t.ShapeSignatureLength() else t.ShapeAsNumpy()
+            dims = [int(d) if int(d) > 0 else None for d in (sig if not isinstance(sig, int) else [])]
+            out.append({"name": t.Name().decode(), "dtype": TFLITE_DTYPES.get(t.Type(), f"tflite:{t.Type()}"),
+                        "dims": dims})
+        return out
+
+    return {"inputs": describe(graph.InputsAsNumpy()), "outputs": describe(graph.OutputsAsNumpy()),
+            "opset": 0, "graph_name": (graph.Name() or b"").decode(), "custom_ops": custom_ops(path)}
+
+
+def custom_ops(path: Path) -> list[str]:
+    """Custom (non-builtin) operators a TFLite file uses: neither LiteRT nor a converter knows them."""
+    import tflite
+    model = tflite.Model.GetRootAsModel(path.read_bytes(), 0)
+    names = set()
+    for k in range(model.OperatorCodesLength()):
+        code = model.OperatorCodes(k)
+        if max(code.BuiltinCode(), code.DeprecatedBuiltinCode()) == tflite.BuiltinOperator.CUSTOM:
+            names.add((code.CustomCode() or b"?").decode())
+    return sorted(names)
+
+
+def _nnef_signature(path: Path) -> dict:
+    graph_file = path / NNEF_GRAPH
+    if not graph_file.is_file():
+        present = ", ".join(sorted(p.name for p in path.iterdir())[:6]) or "nothing"
+        return {"error": f"NNEF folder {path.name}/ has no {NNEF_GRAPH} (it holds: {present}); an "
+                         f"NNEF source is a folder with {NNEF_GRAPH} and its .dat tensors"}
+    import nnef
+    try:
+        graph = nnef.parse_file(str(graph_file))
+        nnef.infer_shapes(graph)
+    except nnef.Error as exc:
+        return {"error": f"{NNEF_GRAPH} does not parse: {exc}"}
+    dtype = {"scalar": "float32", "integer": "int64", "logical": "bool"}
+
+    def describe(names):
+        return [{"name": n, "dtype": dtype.get(graph.tensors[n].dtype, graph.tensors[n].dtype),
+                 "dims": [int(d) for d in graph.tensors[n].shape]} for n in names]
+
+    return {"inputs": describe(graph.inputs), "outputs": describe(graph.outputs), "opset": 0,
+            "graph_name": graph.name}

@@ -1,0 +1,209 @@
+"""Stage `choose`: when several compilers' artifacts of a model validate for one device, which ships.
+
+A target declares *slots*: ABIs that stand for the same device, one of which ships per model,
+and the policy that picks it:
+
+    ship:                                       # in pipeline/targets/<target>.yaml
+      cpu:
+        abis: [cpu-aarch64, cpu-aarch64-tvm]    # the declared order
+        policy: prefer                          # prefer | fastest-on-host
+        proxies: {cpu-aarch64: host/cpu-x86_64, cpu-aarch64-tvm: host/cpu-x86_64-tvm}
+
+  prefer           the first validated ABI in the declared order;
+  fastest-on-host  time the host proxies of the candidates side by side (interleaved rounds in a
+                   child process, on the golden inputs) and ship the one whose proxy is faster.
+                   Native ABIs (run.via python) are their own proxies; an aarch64 ABI needs a
+                   host ABI of the same compiler as `proxies`. When it cannot measure, it says
+                   why in the reason and ships by the declared order (never silently).
+A model can override both with an explicit choice: `ship: {rk3588: {cpu: cpu-aarch64-tvm}}`
+in its model.yaml. A candidate skipped by op coverage is not a candidate.
+
+choice.json (and the manifest's `models[m]["choice"]`) says, per slot, what shipped, by which
+policy, why, and the figures (validation errors, size, and the measured p50s when measured).
+Measured figures are measurements: a rebuild restores them from the store under the step's key
+(the artifacts' sha256s); a clean build measures again.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..core.tools import python_module_argv, run_tool
+from ..core.steps import Step
+from .coverage import ops_text
+from .plan import compiler_of, golden_files, skipped, unsupported, where
+
+VERSION = 1
+OUTPUTS = ("choice.json",)
+POLICIES = ("prefer", "fastest-on-host")
+_SLOT_KEYS = {"abis", "policy", "proxies"}
+WINDOW = {"warmup": 2, "rounds": 30, "seconds": 10.0}
+
+
+# ----------------------------------------------------------------------------- the step
+def run(ctx) -> None:
+    cfg = ctx.config
+    slots = {}
+    for slot in cfg["slots"]:
+        candidates = slot["candidates"]
+        entry = {"candidates": candidates, "policy": slot["policy"],
+                 "skipped": slot["skipped"]}
+        if not candidates:
+            entry.update(ships=None, reason="no candidate: every ABI of the slot was skipped")
+        elif slot["explicit"]:
+            entry.update(ships=slot["explicit"], policy="explicit",
+                         reason=f"explicit choice in the model spec (ship.{cfg['target']}."
+                                f"{slot['name']}: {slot['explicit']})")
+        elif len(candidates) == 1:
+            entry.update(ships=candidates[0], reason="the only candidate"
+                         + (f" ({_skipped_text(slot['skipped'])})" if slot["skipped"] else ""))
+        elif slot["policy"] == "prefer":
+            entry.update(ships=candidates[0],
+                         reason=f"policy prefer: the first validated ABI in the declared order "
+                                f"[{', '.join(slot['order'])}]")
+        else:
+            entry.update(_fastest(ctx, slot))
+        slots[slot["name"]] = entry
+    ctx.output("choice.json").write_text(json.dumps({"slots": slots}, indent=2, sort_keys=True) + "\n")
+
+
+def _skipped_text(skipped: dict) -> str:
+    return "; ".join(f"{abi} skipped: {why}" for abi, why in sorted(skipped.items()))
+
+
+def _fastest(ctx, slot: dict) -> dict:
+    """Time the candidates' host proxies side by side; the reason quotes the figures."""
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    plan = {"artifacts": [], "inputs": [str(ctx.input(f"golden:{f}")) for f in slot["golden_inputs"]],
+            "window": WINDOW}
+    for abi in slot["candidates"]:
+        proxy = slot["proxy_of"][abi]
+        plan["artifacts"].append({"abi": abi, "proxy": proxy["name"], "format": proxy["format"],
+                                  "path": str(ctx.input(f"proxy:{abi}")), "entry": "main"})
+    spec = ctx.scratch / "timing.json"
+    spec.write_text(json.dumps(plan))
+    result = run_tool(python_module_argv("pipeline.stages.choose", str(spec)), log=ctx.log,
+                      what="timing the host proxies", check=False, timeout=600, **where)
+    order = slot["candidates"]
+    if result.returncode != 0:
+        return {"ships": order[0], "measured": None,
+                "reason": f"policy fastest-on-host could not measure (the timing run failed, "
+                          f"see {ctx.log}); shipped by the declared order [{', '.join(order)}]"}
+    timing = json.loads(result.output.strip().splitlines()[-1])
+    p50 = {a["abi"]: a["p50_ms"] for a in timing["artifacts"]}
+    best = min(order, key=lambda a: (p50[a], order.index(a)))
+    others = [a for a in order if a != best]
+    figures = ", ".join(f"{a} via {slot['proxy_of'][a]['name']} p50 {p50[a]:.3f} ms" for a in order)
+    ratio = min(p50[a] for a in others) / p50[best] if p50[best] else float("inf")
+    return {"ships": best, "measured": timing,
+            "reason": f"policy fastest-on-host: {figures} (interleaved, {timing['rounds']} "
+                      f"rounds, {timing['threads']} threads, this machine); {best} is "
+                      f"{ratio:.2f}x faster"}
+
+
+# ----------------------------------------------------------------------------- steps
+def steps(project) -> list:
+    return [choose_step(project, m, t) for m in project.models for t in project.targets if t.ship]
+
+
+def _artifact_files(layout, target_name: str, model, abi) -> dict:
+    stage = "tvm_compile" if compiler_of(abi) == "tvm" else "iree_compile"
+    base = layout.artifact_stage(target_name, model.name, abi.name, stage)
+    return {"artifact": base / ("model.so" if stage == "tvm_compile" else "model.vmfb"),
+            "validation": layout.artifact_stage(target_name, model.name, abi.name, "validate")
+            / "validation.json", "format": "tvm-so" if stage == "tvm_compile" else "iree-vmfb"}
+
+
+def choose_step(project, model, target) -> Step:
+    layout = project.layout
+    by_name = {a.name: a for a in target.all_abis}
+    skip = skipped(project, model, target)
+    targets = {t.name: t for t in (*project.targets, *project.proxies)}
+    inputs, slots = {}, []
+    for slot in target.ship:
+        candidates, skipped_abis = [], {}
+        for name in slot["abis"]:
+            c = compiler_of(by_name[name])
+            if model.skip_reason(name):
+                skipped_abis[name] = f"skipped by the model's spec: {model.skip_reason(name)}"
+                continue
+            if c in skip:
+                skipped_abis[name] = (f"{c.upper()} cannot take "
+                                      f"{ops_text(unsupported(project, model, target, c))} (op coverage)")
+                continue
+            candidates.append(name)
+            inputs[f"validation:{name}"] = _artifact_files(layout, target.name, model,
+                                                           by_name[name])["validation"]
+        proxy_of = {}
+        if slot["policy"] == "fastest-on-host" and len(candidates) > 1:
+            for name in candidates:
+                ref = slot["proxies"].get(name, f"{target.name}/{name}")
+                t_name, a_name = ref.split("/")
+                proxy_abi = next(a for a in targets[t_name].all_abis if a.name == a_name)
+                files = _artifact_files(layout, t_name, model, proxy_abi)
+                inputs[f"proxy:{name}"] = files["artifact"]
+                inputs[f"proxy-validation:{name}"] = files["validation"]
+                proxy_of[name] = {"name": ref, "format": files["format"]}
+            inputs.update(golden_files(layout, model))
+        explicit = model.ship.get(target.name, {}).get(slot["name"])
+        slots.append({"name": slot["name"], "order": slot["abis"], "policy": slot["policy"],
+                      "candidates": candidates, "skipped": skipped_abis, "explicit": explicit,
+                      "proxy_of": proxy_of,
+                      "golden_inputs": [f"input_{i}.npy" for i in range(len(model.inputs))]})
+    return Step(stage="choose", name=f"{target.name}/{model.name}", version=VERSION,
+                config={"target": target.name, "slots": slots}, inputs=inputs,
+                outputs=OUTPUTS, out_dir=layout.target_model_stage(target.name, model.name, "choose"),
+                tools=("iree-base-runtime", "apache-tvm") if any(s["proxy_of"] for s in slots)
+                else (), action=run, layout=layout,
+                doc="which compiler's artifact ships, by the target's policy",
+                where=where(model, target))
+
+
+# ----------------------------------------------------------------------------- the child
+def _runner(art: dict, threads: int):
+    from ..run.timing import IreeCpuRunner
+    from ..run.tvm_run import TvmModule
+    if art["format"] == "tvm-so":
+        module = TvmModule(art["path"], art["entry"], threads=threads)
+        return module.timed
+    runner = IreeCpuRunner(Path(art["path"]), art["entry"], "local-task", threads)
+    return lambda inputs: runner(inputs)
+
+
+def measure(plan: dict) -> dict:
+    """Round-robin the artifacts on the inputs (the first one of each round rotates)."""
+    import os
+    import numpy as np
+    threads = len(os.sched_getaffinity(0))
+    inputs = [np.load(p, allow_pickle=False) for p in plan["inputs"]]
+    runners = [_runner(a, threads) for a in plan["artifacts"]]
+    window = plan["window"]
+    for _ in range(window["warmup"]):
+        for run in runners:
+            run(inputs)
+    samples = [[] for _ in runners]
+    start, rounds = time.perf_counter(), 0
+    while rounds < window["rounds"] and time.perf_counter() - start < window["seconds"]:
+        k = rounds % len(runners)
+        for i in list(range(k, len(runners))) + list(range(k)):
+            phases, _ = runners[i](inputs)
+            samples[i].append(sum(phases.values()))
+        rounds += 1
+    return {"rounds": rounds, "threads": threads,
+            "artifacts": [{"abi": a["abi"], "proxy": a["proxy"],
+                           "p50_ms": round(float(np.median(s)) / 1e6, 6),
+                           "min_ms": round(min(s) / 1e6, 6)}
+                          for a, s in zip(plan["artifacts"], samples)]}
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    plan = json.loads(Path(args[0]).read_text())
+    print(json.dumps(measure(plan), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Stage `golden`: onnxruntime CPU outputs of the source model on the model's fixed test inputs.
+
+Writes input_<i>.npy and output_<k>.npy (plain .npy: byte-deterministic, and what
+iree-run-module reads) plus golden.json naming them. Every later stage compares against these.
+"""
+from __future__ import annotations
+
+import json
+from ..spec.sources import GOLDEN
+from ..core.steps import Step
+from ..spec.variants import full_name
+from .plan import outputs_for, static_model, variant_inputs, variant_preprocessing, variant_tools
+from ..run.ort import reduced_session, session, variant_feeds
+
+VERSION = 1
+
+
+def run(ctx) -> None:
+    import numpy as np
+    from ..core.numerics import make_input
+
+    specs = ctx.config["inputs"]
+    arrays = []
+    for spec in specs:
+        file = ctx.input(f"test_data:{spec['name']}") if "file" in spec["test_data"] else None
+        try:
+            arrays.append(make_input(spec, file))
+        except ValueError as exc:
+            raise ctx.error(f"test data for input {spec['name']!r}: {exc}",
+                            hint="regenerate the .npy with the shape and dtype of the spec")
+    reference = ctx.config.get("reference", "onnxruntime (source)")
+    try:
+        if reference == "litert (source)":  # a TFLite source: its own interpreter is the reference
+            from .sources import tflite_run
+            got = tflite_run(ctx.input("source"), {s["name"]: a for s, a in zip(specs, arrays)})
+            names = ctx.config["outputs"]
+            results = [got[n] for n in names]
+        else:
+            sess = session(ctx.input("source"))
+            names = [o.name for o in sess.get_outputs()]
+            results = sess.run(None, {s["name"]: a for s, a in zip(specs, arrays)})
+    except Exception as exc:
+        raise ctx.error(f"{reference.split()[0]} cannot run the source model on the test inputs "
+                        f"{[list(a.shape) for a in arrays]}: {str(exc).strip().splitlines()[-1]}",
+                        hint="check the input shapes and dtypes in the spec (or the variant's); "
+                             "the model may not accept these shapes")
+    doc = {"inputs": [], "outputs": []}
+    for i, (spec, array) in enumerate(zip(specs, arrays)):
+        np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
+        doc["inputs"].append({"name": spec["name"], "file": f"input_{i}.npy",
+                              "shape": list(array.shape), "dtype": str(array.dtype)})
+    if len(results) != ctx.config["n_outputs"]:
+        raise ctx.error(f"the model returned {len(results)} outputs, its graph declares "
+                        f"{ctx.config['n_outputs']}")
+    for k, (name, array) in enumerate(zip(names, results)):
+        np.save(ctx.output(f"output_{k}.npy"), array, allow_pickle=False)
+        doc["outputs"].append({"name": name, "file": f"output_{k}.npy",
+                               "shape": list(array.shape), "dtype": str(array.dtype)})
+    ctx.output("golden.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def load(ctx):
+    """(golden doc, input arrays, output arrays) from a step whose inputs include the golden files."""
+    import numpy as np
+    doc = json.loads(ctx.input("golden.json").read_text())
+    ins = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["inputs"]]
+    outs = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["outputs"]]
+    return doc, ins, outs
+
+
+# ----------------------------------------------------------------------------- precision variants
+def variant_outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
+    return outputs_for(n_inputs, n_outputs) + tuple(f"reference_{k}.npy" for k in range(n_outputs))
+
+
+def run_variant(ctx) -> None:
+    """The golden files of a precision variant (see pipeline/variants.py), on the evaluation
+    sample where the variant is farthest from fp32 (the gate's worst cosine, first output), so
+    that validating against fp32 within the gate is checked where it is tightest: the sample as
+    input_<i>.npy, the variant's onnxruntime outputs (graph optimisations off: the QDQ/fp16 graph
+    as written, what IREE compiles) as output_<k>.npy, fp32's as reference_<k>.npy."""
+    import numpy as np
+    from ..spec.calibration import Preprocessing, SampleError, load_sample
+
+    cfg = ctx.config
+    pre = {k: Preprocessing.from_dict(v) for k, v in cfg["preprocessing"].items()}
+    chosen = json.loads(ctx.input("accuracy.json").read_text())["outputs"][0]["worst_sample"]
+    try:
+        sample = load_sample(ctx.input(f"evaluation:{chosen}"), cfg["evaluation"]["kind"],
+                             cfg["inputs"], pre)
+    except SampleError as exc:
+        raise ctx.error(f"evaluation sample {exc}", hint="fix or remove that file")
+    reference = session(ctx.input("fp32")).run(None, sample)
+    feeds = variant_feeds(sample, cfg["io_dtype"])
+    sess = reduced_session(ctx.input("model"))
+    names = [o.name for o in sess.get_outputs()]
+    results = sess.run(None, feeds)
+    if len(results) != cfg["n_outputs"]:
+        raise ctx.error(f"the variant returned {len(results)} outputs, fp32 has {cfg['n_outputs']}")
+    doc = {"inputs": [], "outputs": [], "reference": [], "sample": chosen,
+           "why": "the evaluation sample where the variant differs most from fp32 (worst cosine)"}
+    for i, spec in enumerate(cfg["inputs"]):
+        array = feeds[spec["name"]]
+        np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
+        doc["inputs"].append({"name": spec["name"], "file": f"input_{i}.npy",
+                              "shape": list(array.shape), "dtype": str(array.dtype)})
+    for k, (name, array, ref) in enumerate(zip(names, results, reference)):
+        np.save(ctx.output(f"output_{k}.npy"), array, allow_pickle=False)
+        np.save(ctx.output(f"reference_{k}.npy"), ref, allow_pickle=False)
+        doc["outputs"].append({"name": name, "file": f"output_{k}.npy",
+                               "shape": list(array.shape), "dtype": str(array.dtype)})
+        doc["reference"].append({"name": name, "file": f"reference_{k}.npy",
+                                 "shape": list(ref.shape), "dtype": str(ref.dtype)})
+    ctx.output("golden.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- steps
+def steps(project) -> list:
+    """Each model's golden outputs, then its precision variants' (their own reference)."""
+    out = []
+    for model in project.models:
+        out.append(golden_step(project.layout, model))
+        out += [variant_step(project.layout, model, v) for v in model.variants]
+    return out
+
+
+def golden_step(layout, model) -> Step:
+    # the reference: the source itself (onnxruntime, or LiteRT for TFLite); for NNEF, which has no
+    # interpreter here, onnxruntime on its conversion
+    fmt = model.source_format
+    inputs = ({"source": layout.model_stage(model.base, "import") / "model.onnx"} if fmt == "nnef"
+              else {"source": model.source})
+    for spec in model.inputs:
+        if spec.test_data.kind == "file":
+            inputs[f"test_data:{spec.name}"] = spec.test_data.file
+    n_out = len(model.signature["outputs"])
+    return Step(stage="golden", name=model.name, version=VERSION,
+                config={"inputs": [i.as_dict() for i in model.inputs], "n_outputs": n_out,
+                        **({"reference": GOLDEN[fmt],
+                            "outputs": [o["name"] for o in model.signature["outputs"]]}
+                           if fmt != "onnx" else {})},
+                inputs=inputs, outputs=outputs_for(len(model.inputs), n_out),
+                out_dir=layout.model_stage(model.name, "golden"),
+                tools=("onnxruntime", "numpy") + (("ai-edge-litert",) if fmt == "tflite" else ()),
+                action=run, layout=layout,
+                doc=f"{GOLDEN[fmt]} outputs on the fixed test inputs",
+                where={"model": model.name}, after=(f"import:{model.base}",))
+
+
+def variant_step(layout, model, v) -> Step:
+    name = full_name(model, v)
+    n_out = len(model.signature["outputs"])
+    return Step(
+        stage="golden", name=name, version=VERSION,
+        config={"inputs": variant_inputs(model), "preprocessing": variant_preprocessing(model),
+                "io_dtype": v.io_dtype, "evaluation": v.evaluation.as_dict(), "n_outputs": n_out},
+        inputs={"fp32": static_model(layout, model),
+                "model": layout.model_stage(name, "quantize") / "model.onnx",
+                "accuracy.json": layout.model_stage(name, "accuracy") / "accuracy.json",
+                **{f"evaluation:{p.name}": p for p in v.evaluation.files}},
+        outputs=variant_outputs_for(len(model.inputs), n_out),
+        out_dir=layout.model_stage(name, "golden"), tools=variant_tools(v),
+        action=run_variant, layout=layout, where={"model": name},
+        doc=f"onnxruntime outputs of the {v.precision} model and of fp32 on the "
+            f"evaluation sample where they differ most")

@@ -1,0 +1,125 @@
+"""Stage `iree_compile`: static ONNX -> MLIR (iree-import-onnx) -> .vmfb for one target ABI.
+
+The command line is a pure function of the ABI's config (`compile_argv`). Reproducibility:
+the MLIR is always named model.mlir and source maps and debug symbols are stripped, so the
+same model and flags give byte-identical .vmfb files in any folder.
+When IREE cannot lower an op, the error lists the ONNX ops it could not legalize.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..compilers.iree_compiler import compile_argv, compile_flags, unsupported_ops
+from ..compilers.iree_targets import requirements
+from ..core.tools import describe_exit, run_tool, tail
+import dataclasses
+from ..core.steps import Step
+from .plan import ENTRY, abi_step_name, built, compiler_of, proxy_pairs, skipped, static_model, variant_model, variant_skip_reason, where
+
+VERSION = 3
+OUTPUTS = ("model.vmfb", "compile.json")
+def run(ctx) -> None:
+    from iree.compiler.tools.binaries import find_tool
+
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    mlir = ctx.scratch / "model.mlir"
+    run_tool([sys.executable, "-m", "iree.compiler.tools.import_onnx",
+              str(ctx.input("model")), "-o", str(mlir)],
+             log=ctx.log, what="iree-import-onnx", **where)
+    vmfb = ctx.output("model.vmfb")
+    # Run in the scratch folder on a relative "model.mlir": some SPIR-V targets (llvmpipe) keep
+    # the source file name in the artifact, which must not depend on where the build happens.
+    argv = compile_argv(find_tool("iree-compile"), ctx.config, Path(mlir.name), vmfb)
+    result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch, **where)
+    if result.returncode != 0:
+        mlir.unlink(missing_ok=True)
+        ops = unsupported_ops(result.output)
+        if ops:
+            raise ctx.error(f"IREE ({ctx.config['backend']}) cannot compile these ONNX ops: "
+                            f"{', '.join(ops)}", log=True,
+                            hint="replace those ops in the model (or export it differently), or "
+                                 "leave the model out of this target")
+        if "Unknown Vulkan target" in result.output:
+            raise ctx.error(f"IREE does not know the Vulkan target {ctx.config['vulkan_target']!r}",
+                            log=True, hint="fix vulkan_target in the target's YAML")
+        raise ctx.error(f"iree-compile failed ({describe_exit(result.returncode)}):\n"
+                        f"{tail(result.output)}", log=True,
+                        hint="read the log; the flags come from the target's ABI definition")
+    report = {"compiler": "iree", "flags": compile_flags(ctx.config), "entry": ctx.config["entry"],
+              "size": vmfb.stat().st_size}
+    if ctx.config["backend"] == "vulkan-spirv":
+        # The compiler's own target record, from a cheap second run that stops after creating
+        # the executables. (Dumping sources during the real compile would embed their paths.)
+        sources = ctx.scratch / "executables.mlir"
+        run_tool(argv[:-2] + ["--compile-to=executable-sources", "-o", str(sources)],
+                 log=ctx.log, what="iree-compile --compile-to=executable-sources",
+                 cwd=ctx.scratch, **where)
+        report["requires"] = {"vulkan": requirements(sources.read_text())}
+        sources.unlink()
+        if ctx.config.get("precision") == "fp16":  # never ship fp16 kernels to a device without fp16
+            from ..spec.variants import FP16_FEATURES
+            missing = [f for f in FP16_FEATURES
+                       if f not in report["requires"]["vulkan"]["device_features"]]
+            if missing:
+                raise ctx.error(f"fp16 model compiled for {ctx.config['vulkan_target']}, which "
+                                f"declares no {' / '.join(missing)}: its kernels would return "
+                                f"wrong numbers without an error", hint="build fp16 variants for "
+                                "Vulkan targets with 16-bit storage only (valhall*, llvmpipe, ...)")
+    mlir.unlink(missing_ok=True)
+    ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- steps
+def steps(project) -> list:
+    """Per model, target and ABI the model is built for: the artifact (and a Vulkan twin when
+    the artifact cannot run here); precision variants' artifacts; the host proxies' artifacts."""
+    layout, out = project.layout, []
+    for model in project.models:
+        for target in project.targets:
+            for abi in [a for a in target.abis if built(project, model, target, a)]:
+                out.append(compile_step(layout, model, target, abi))
+                if abi.run["via"] == "twin":
+                    out.append(compile_step(layout, model, target, abi, twin=True))
+        for v in model.variants:
+            out += variant_steps(layout, model, v, project.targets)
+    for model in project.models:
+        for target, abi in proxy_pairs(project):
+            if compiler_of(abi) == "iree" and "iree" not in skipped(project, model, target):
+                out.append(compile_step(layout, model, target, abi))
+    return out
+
+
+def compile_step(layout, model, target, abi, twin: bool = False) -> Step:
+    """The shipped artifact; or (twin=True) its runnable twin: same model and flags, another device."""
+    config = abi.twin_config() if twin else abi.compile_config()
+    if abi.backend == "vulkan-spirv":
+        doc = f"IREE Vulkan SPIR-V for {config['vulkan_target']}" + (" (validation twin)" if twin else "")
+    else:
+        doc = f"IREE {abi.backend} for {abi.triple} ({abi.cpu})"
+    return Step(stage="iree_compile", name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
+                version=VERSION, config={**config, "entry": ENTRY},
+                inputs={"model": static_model(layout, model)}, outputs=OUTPUTS,
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name,
+                                              "twin_compile" if twin else "iree_compile"),
+                tools=("iree-base-compiler", "onnx"), action=run, layout=layout,
+                doc=doc, where=where(model, target, abi),
+                after=(f"coverage:{target.name}/{model.name}",))
+
+
+def variant_steps(layout, model, v, targets) -> list:
+    """A precision variant's artifacts: its quantized model, the ABI's flags; after its gate."""
+    out = []
+    vm = variant_model(model, v)
+    for target in targets:
+        for abi in target.abis:
+            if variant_skip_reason(model, v, abi, layout.cache):
+                continue
+            for twin in ((False, True) if abi.run["via"] == "twin" else (False,)):
+                s = compile_step(layout, vm, target, abi, twin=twin)
+                out.append(dataclasses.replace(
+                    s, inputs={"model": layout.model_stage(vm.name, "quantize") / "model.onnx"},
+                    after=(f"accuracy:{vm.name}",), config={**s.config, "precision": v.precision},
+                    doc=f"{s.doc}, {v.precision}"))
+    return out

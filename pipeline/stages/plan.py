@@ -1,0 +1,178 @@
+"""What the stages' step builders ask of the project: which ABIs a model is built for, and where
+the files of the steps they read live.
+
+Every stage module has `steps(project) -> list[Step]`; the project (pipeline/graph) holds the
+layout, the model specs, the loaded targets, the targets loaded as proxies, and the tuning farm
+settings. The questions they share are answered here, once.
+
+Which compiler can take a model is a fact of the `coverage` step (its coverage.json), not of
+loading: the steps after it are made once it has run (dodo.py creates them after `coverage`).
+Before that (`doit list`), every ABI of the target is listed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from ..core.store import atomic_write_text, canonical_json, sha256_text
+from ..spec.variants import FP16_FEATURES, full_name
+
+ENTRY = "main"  # the compiled entry point of every artifact
+
+
+def compiler_of(abi) -> str:
+    return getattr(abi, "compiler", "iree")
+
+
+def compilers(target) -> dict:
+    """compiler -> the target's ABI names built by it."""
+    out: dict = {}
+    for abi in target.all_abis:
+        out.setdefault(compiler_of(abi), []).append(abi.name)
+    return out
+
+
+# ----------------------------------------------------------------------------- coverage
+def coverage_file(layout, target_name: str, model_name: str) -> Path:
+    return layout.target_model_stage(target_name, model_name, "coverage") / "coverage.json"
+
+
+def coverage(project, model, target) -> dict | None:
+    """The coverage step's verdict per compiler, or None while it has not run."""
+    try:
+        return json.loads(coverage_file(project.layout, target.name, model.name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def skipped(project, model, target) -> set[str]:
+    """The compilers the coverage step found unable to take the model (none while unknown)."""
+    report = coverage(project, model, target)
+    if report is None:
+        return set()
+    return {c for c, entry in report["compilers"].items() if entry["status"] == "skipped"}
+
+
+def unsupported(project, model, target, compiler: str) -> list[dict]:
+    report = coverage(project, model, target) or {"compilers": {}}
+    return report["compilers"].get(compiler, {}).get("unsupported", [])
+
+
+def built(project, model, target, abi) -> bool:
+    """False when the spec skips the ABI, or op coverage says its compiler cannot take the model."""
+    return (not model.skip_reason(abi.name)
+            and compiler_of(abi) not in skipped(project, model, target))
+
+
+def tvm_abis(project, model, target) -> list:
+    return [a for a in target.tvm_abis
+            if not model.skip_reason(a.name) and "tvm" not in skipped(project, model, target)]
+
+
+def budget(model, target) -> dict | None:
+    return model.tvm.get("tune", {}).get(target.name)
+
+
+def proxy_pairs(project):
+    """(target, abi) of the proxy targets that some loaded target's slots name."""
+    names = {p for t in project.targets for s in t.ship for p in s["proxies"].values()}
+    for target in project.proxies:
+        for abi in target.all_abis:
+            if f"{target.name}/{abi.name}" in names:
+                yield target, abi
+
+
+# ----------------------------------------------------------------------------- files
+def static_model(layout, model) -> Path:
+    return layout.model_stage(model.name, "static") / "model.onnx"
+
+
+def outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
+    """The golden step's files: golden.json, input_<i>.npy, output_<k>.npy."""
+    return (("golden.json",) + tuple(f"input_{i}.npy" for i in range(n_inputs))
+            + tuple(f"output_{k}.npy" for k in range(n_outputs)))
+
+
+def golden_files(layout, model) -> dict:
+    folder = layout.model_stage(model.name, "golden")
+    n_out = len(model.signature["outputs"])
+    files = {"golden.json": folder / "golden.json"}
+    for name in outputs_for(len(model.inputs), n_out)[1:]:
+        files[f"golden:{name}"] = folder / name
+    return files
+
+
+def abi_step_name(model, target, abi) -> str:
+    return f"{target.name}/{model.name}/{abi.name}"
+
+
+def where(model, target, abi=None) -> dict:
+    return {"model": model.name, "target": f"{target.name}/{abi.name}" if abi else target.name}
+
+
+# ----------------------------------------------------------------------------- variants
+def variant_model(model, variant):
+    """The ModelSpec the fp32 step builders see for a variant's chain (its name, its tolerance)."""
+    return dataclasses.replace(model, name=full_name(model, variant), tolerance=variant.tolerance,
+                               variants=())
+
+
+def variant_skip_reason(model, variant, abi, memo_dir: Path | None) -> str | None:
+    """The spec's skip; and for an fp16 variant, a Vulkan target without 16-bit support."""
+    why = model.skip_reason(abi.name)
+    if why or variant.precision != "fp16" or abi.backend != "vulkan-spirv":
+        return why
+    record = vulkan_target_record(abi.vulkan_target, abi.vulkan_features, memo_dir)
+    missing = [f for f in FP16_FEATURES if f not in record["device_features"]]
+    if missing:
+        return (f"fp16 variant not built: IREE's {abi.vulkan_target} target declares no "
+                f"{' / '.join(missing)} (its kernels would run fp16 graphs and return wrong "
+                f"numbers, with no error)")
+    return None
+
+
+def vulkan_target_record(target: str, features: str | None, memo_dir: Path | None) -> dict:
+    """What IREE compiles for a Vulkan target (its iree_gpu.target record: device features,
+    subgroups): the recorded table (compilers/iree_targets.py); for a pair it lacks (features of
+    the user's own), a one-op probe compile, memoised per IREE version."""
+    import subprocess
+    import tempfile
+    from ..compilers.iree_targets import PROBE_MLIR, lookup, requirements
+    from ..core.tools import distribution_version
+    version = distribution_version("iree-base-compiler")
+    recorded = lookup(target, features, version)
+    if recorded is not None:
+        return recorded
+    key = sha256_text(canonical_json({"iree": version, "target": target, "features": features,
+                                      "record": 2}))
+    memo = memo_dir / "vulkan_target_records" / f"{key}.json" if memo_dir else None
+    if memo and memo.is_file():
+        return json.loads(memo.read_text())
+    from iree.compiler.tools.binaries import find_tool
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dump = Path(tmp) / "probe.mlir", Path(tmp) / "executables.mlir"
+        src.write_text(PROBE_MLIR)
+        argv = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=vulkan",
+                f"--iree-vulkan-target={target}", "--compile-to=executable-sources",
+                "-o", str(dump)]
+        if features:
+            argv.insert(-2, f"--iree-vulkan-target-features={features}")
+        subprocess.run(argv, capture_output=True, text=True, check=True)
+        record = requirements(dump.read_text())
+    if memo:
+        atomic_write_text(memo, canonical_json(record))
+    return record
+
+
+def variant_inputs(model) -> list[dict]:
+    return [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in model.inputs]
+
+
+def variant_preprocessing(model) -> dict:
+    return {k: p.as_dict() for k, p in sorted(model.preprocessing.items())}
+
+
+def variant_tools(v) -> tuple:
+    return ("onnx", "onnxruntime", "numpy") + (
+        ("pillow",) if "image" in (v.evaluation.kind, getattr(v.calibration, "kind", None)) else ())

@@ -1,0 +1,182 @@
+"""Stage `tvm_compile`: static ONNX -> TVM Relax -> a shared library (`model.so`) for one TVM ABI.
+
+    ONNX (static, simplified)  --relax.frontend.onnx-->  Relax  --tvm.compile-->  VM executable
+      [--MetaSchedule database (tvm_tune), applied by compile_relax-->]
+      --export_library(g++ or aarch64-linux-gnu-g++)-->  model.so (weights embedded, entry `main`)
+
+A TVM ABI is declared in the target's YAML next to the IREE ones, with `compiler: tvm`:
+
+    cpu-aarch64-tvm:
+      compiler: tvm
+      arch: aarch64                 # aarch64 | x86_64
+      triple: aarch64-linux-gnu     # default from arch
+      cpu: cortex-a55               # LLVM -mcpu
+      cpu_features: [+neon]         # LLVM -mattr
+      num_cores: 4                  # MetaSchedule's parallelism hint
+      run: {via: qemu, qemu_cpu: cortex-a76}    # or {via: python} for x86_64
+      tune: {tracker: 127.0.0.1:9190, key: rk3588}   # optional: where `doit tune` measures
+
+The TVM target is a dict (`target_dict`), never a string (TVM 0.27 rejects "llvm -mcpu=...").
+The compile runs in a child process (`python -m pipeline.stages.tvm_compile`): a crash in TVM is an
+error of this stage, and TVM's own chatter goes to the step's log. Two compiles of the same
+model and target give byte-identical `.so` files (checked by the tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..core.tools import describe_exit, python_module_argv, run_tool, tail
+from ..spec.tvm import DATABASE
+from ..core.steps import Step
+from .plan import ENTRY, abi_step_name, budget, compiler_of, proxy_pairs, skipped, static_model, tvm_abis, where
+
+VERSION = 1
+OUTPUTS = ("model.so", "compile.json")
+FORMAT = "tvm-so"
+TOOLS = ("apache-tvm", "apache-tvm-ffi", "onnx")
+_ARCHES = {"aarch64": ("aarch64-linux-gnu", "aarch64-linux-gnu-g++"),
+           "x86_64": ("x86_64-linux-gnu", "g++")}
+_KEYS = {"compiler", "arch", "triple", "cpu", "cpu_features", "num_cores", "run", "tune"}
+_RUN_KEYS = {"via", "qemu_cpu"}
+_TUNE_KEYS = {"tracker", "key"}
+
+
+# ----------------------------------------------------------------------------- the stage
+def compile_argv(model: Path, config: dict, out: Path, database: Path | None) -> list[str]:
+    """The child command that compiles `model` for `config` into `out` (pure: no toolchain)."""
+    argv = python_module_argv("pipeline.stages.tvm_compile", "--model", str(model), "--out", str(out),
+                              "--target", json.dumps(config["target"], sort_keys=True),
+                              "--linker", config["linker"], "--entry", config["entry"])
+    if database is not None:
+        argv += ["--database", str(database)]
+    return argv
+
+
+def run(ctx) -> None:
+    import shutil
+
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    database = None
+    if ctx.config["tuning"]:
+        database = ctx.scratch / "database"  # a private copy: TVM's JSONDatabase opens for append
+        database.mkdir()
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            shutil.copyfile(ctx.input(name), database / name)
+    so = ctx.output("model.so")
+    result = run_tool(compile_argv(ctx.input("model"), ctx.config, so, database), log=ctx.log,
+                      what="TVM compile", check=False, timeout=3600, **where)
+    if database is not None:
+        shutil.rmtree(database)
+    if result.returncode != 0:
+        missing = _not_implemented(result.output)
+        if missing:
+            raise ctx.error(f"TVM's ONNX frontend has no converter for: {', '.join(missing)}",
+                            log=True, hint="the op coverage table predicted otherwise: add these "
+                            "ops to pipeline/coverage.py, or leave the model out of this target")
+        raise ctx.error(f"TVM compile failed ({describe_exit(result.returncode)}):\n"
+                        f"{tail(result.output)}", log=True,
+                        hint="read the log; the target comes from the ABI in the target's YAML")
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    report = {"compiler": "tvm", "target": ctx.config["target"], "linker": ctx.config["linker"],
+              "entry": ctx.config["entry"], "size": so.stat().st_size,
+              "tuning": ctx.config["tuning"], "tuned_workloads": summary["tuned_workloads"],
+              "tuning_records": summary["tuning_records"]}
+    ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def _not_implemented(output: str) -> list[str]:
+    marker = "The following operators are not supported for frontend ONNX: "
+    for line in output.splitlines():
+        if marker in line:
+            return sorted(op.strip() for op in line.split(marker, 1)[1].split(","))
+    return []
+
+
+# ----------------------------------------------------------------------------- steps
+def steps(project) -> list:
+    out = []
+    for model in project.models:
+        for target in project.targets:
+            out += [compile_step(project, model, target, a) for a in tvm_abis(project, model, target)]
+        for target, abi in proxy_pairs(project):
+            if compiler_of(abi) == "tvm" and "tvm" not in skipped(project, model, target):
+                out.append(compile_step(project, model, target, abi))
+    return out
+
+
+def compile_step(project, model, target, abi) -> Step:
+    layout = project.layout
+    tuning = budget(model, target)
+    inputs = {"model": static_model(layout, model)}
+    if tuning:
+        tuned = layout.artifact_stage(target.name, model.name, abi.name, "tvm_tune")
+        for name in DATABASE:
+            inputs[name] = tuned / name
+    return Step(stage="tvm_compile", name=abi_step_name(model, target, abi), version=VERSION,
+                config={**abi.compile_config(), "entry": ENTRY,
+                        "tuning": {k: tuning[k] for k in ("trials", "per_task")} if tuning else None},
+                inputs=inputs, outputs=OUTPUTS,
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "tvm_compile"),
+                tools=TOOLS + (abi.cross_compiler,), action=run, layout=layout,
+                doc=f"TVM Relax for {abi.triple} ({abi.cpu})"
+                    + (f", tuned ({tuning['trials']} trials)" if tuning else ", untuned"),
+                where=where(model, target, abi), after=(f"coverage:{target.name}/{model.name}",))
+
+
+# ----------------------------------------------------------------------------- the child
+def import_onnx(path: Path):
+    """The static ONNX model as a Relax module (shapes and dtypes from the model itself)."""
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+    return from_onnx(onnx.load(str(path)))
+
+
+def load_database(folder: Path):
+    from tvm.s_tir import meta_schedule as ms
+    return ms.database.JSONDatabase(
+        path_workload=str(folder / "database_workload.json"),
+        path_tuning_record=str(folder / "database_tuning_record.json"), allow_missing=False)
+
+
+def export(executable, out: Path, linker: str) -> None:
+    from tvm.support import cc
+    # a fresh cross_compiler per export: it mutates the option list it closes over
+    executable.export_library(str(out), fcompile=cc.cross_compiler(linker))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.stages.tvm_compile")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--target", required=True, help="the TVM target as JSON")
+    parser.add_argument("--linker", required=True)
+    parser.add_argument("--entry", default="main")
+    parser.add_argument("--database", help="a folder with a MetaSchedule JSON database to apply")
+    args = parser.parse_args(argv)
+
+    import tvm
+
+    mod = import_onnx(Path(args.model))
+    if args.entry not in [gv.name_hint for gv in mod.functions]:
+        print(f"the Relax module has no function {args.entry!r}", file=sys.stderr)
+        return 3
+    target = tvm.target.Target(json.loads(args.target))
+    records = workloads = 0
+    if args.database:
+        from tvm.s_tir import meta_schedule as ms
+        db = load_database(Path(args.database))
+        records = len(db.get_all_tuning_records())
+        workloads = len((Path(args.database) / "database_workload.json").read_text().splitlines())
+        executable = ms.relax_integration.compile_relax(db, mod, target, params=None)
+    else:
+        executable = tvm.compile(mod, target=target)
+    export(executable, Path(args.out), args.linker)
+    print(json.dumps({"tuned_workloads": workloads, "tuning_records": records}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

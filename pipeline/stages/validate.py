@@ -1,0 +1,250 @@
+"""Stage `validate`: run the very artifact that ships on the golden inputs and compare.
+
+How an artifact runs is the ABI's `run.via`:
+  python  this machine's IREE Python runtime, in a child process (x86_64 artifacts);
+  qemu    the target's own IREE runtime (aarch64 wheel) under qemu-user-static -- the shipped
+          bytes, emulated: correct numerics, meaningless timings.
+TVM artifacts (`model.so`) run the same way through TVM's runtime library (pipeline/run/tvm_run.py):
+natively for x86_64, and for aarch64 on the aarch64 TVM wheel with an aarch64 Python under qemu-user.
+validation.json records what ran, where and how, and the error figures against the tolerance.
+A mismatch fails the step and leaves no validation.json behind.
+"""
+from __future__ import annotations
+
+import json
+import platform
+
+from . import golden
+
+from ..run import vulkan
+from ..core.errors import PipelineError
+from ..core.store import sha256_file
+from ..core.numerics import compare, describe_failures, summary
+from ..core.tools import (SETUP_HINT, aarch64_runtime, distribution_version, python_module_argv,
+                    qemu_aarch64, run_tool)
+from pathlib import Path
+import dataclasses
+import os
+import sys
+from ..core.steps import Step
+from ..run.tvm_run import RUNNER as TVM_RUNNER
+from ..core.tools import aarch64_tvm
+from .plan import ENTRY, abi_step_name, built, compiler_of, golden_files, proxy_pairs, skipped, tvm_abis, variant_model, variant_skip_reason, where
+
+VERSION = 1
+TVM_VERSION = 1   # TVM artifacts' validation (its own key version)
+OUTPUTS = ("validation.json",)
+
+
+def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) -> tuple[list, dict, dict | None]:
+    """The command that runs `vmfb`, a description of where and how it ran, and its environment."""
+    run = config["run"]
+    if run["via"] in ("vulkan", "twin"):
+        env = vulkan.driver_env(run["driver"])
+        devices, why = vulkan.query_devices(env)
+        if not devices:
+            raise PipelineError(f"cannot run Vulkan artifacts here: {why}", hint=SETUP_HINT, **where)
+        argv = python_module_argv("pipeline.run.iree_run", "--module", str(vmfb), "--function",
+                                  config["entry"], "--device", "vulkan",
+                                  *[a for p in inputs for a in ("--input", str(p))],
+                                  *[a for p in outputs for a in ("--output", str(p))])
+        executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
+                    "device": devices[0].describe(), "emulated": False,
+                    "where": f"Vulkan driver {run['driver']} on the {platform.machine()} build host"}
+        return argv, executed, env
+    if run["via"] == "python":
+        argv = python_module_argv("pipeline.run.iree_run", "--module", str(vmfb), "--function",
+                                  config["entry"], "--device", run["device"],
+                                  *[a for p in inputs for a in ("--input", str(p))],
+                                  *[a for p in outputs for a in ("--output", str(p))])
+        executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
+                    "device": run["device"], "emulated": False,
+                    "where": f"{platform.machine()} build host, natively"}
+        return argv, executed, None
+    rt = aarch64_runtime(**where)
+    argv = [qemu_aarch64(**where), "-L", "/usr/aarch64-linux-gnu", "-cpu", run["qemu_cpu"],
+            str(rt.run_module), f"--device={run['device']}", f"--module={vmfb}",
+            f"--function={config['entry']}",
+            *[f"--input=@{p}" for p in inputs], *[f"--output=@{p}" for p in outputs]]
+    executed = {"runtime": f"iree-run-module {rt.version} (aarch64 wheel)",
+                "device": run["device"], "emulated": True,
+                "where": f"qemu-aarch64-static -cpu {run['qemu_cpu']} on the "
+                         f"{platform.machine()} build host"}
+    return argv, executed, None
+
+
+def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wrong_hint: str):
+    """Run an artifact on the golden inputs through `runner_argv` (this module's, or TVM's) and
+    compare with golden; returns (doc, actual, names, executed, result). Fails the step when the
+    run fails or the outputs are beyond the tolerance."""
+    import numpy as np
+
+    doc, _, expected = golden.load(ctx)
+    inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
+    outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    argv, executed, env = runner_argv(ctx.config, executable, inputs, outputs, where)
+    run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
+             hint=run_hint, timeout=3600, **where)
+    actual = [np.load(p, allow_pickle=False) for p in outputs]
+    for p in outputs:
+        p.unlink()
+    names = [o["name"] for o in doc["outputs"]]
+    result = compare(actual, expected, names, ctx.config["tolerance"])
+    if not result["passed"]:
+        raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
+                        f"({summary(result)})", hint=wrong_hint)
+    return doc, actual, names, executed, result
+
+
+def run(ctx) -> None:
+    import numpy as np
+
+    twin = ctx.config["run"]["via"] == "twin"
+    doc, actual, names, executed, result = run_and_compare(
+        ctx, ctx.input("twin.vmfb" if twin else "vmfb"), runner_argv,
+        what="twin" if twin else "artifact",
+        run_hint="read the log; an INCOMPATIBLE error means the artifact was built for another "
+                 "device than the one running it",
+        wrong_hint="the compiled artifact is numerically wrong for this tolerance: try without "
+                   "the ABI's optional flags, or report it to IREE")
+    vs_fp32 = None
+    if "reference_tolerance" in ctx.config:  # a precision variant: also against fp32, within its gate
+        reference = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False)
+                     for e in doc["reference"]]
+        vs_fp32 = compare([a.astype(r.dtype) for a, r in zip(actual, reference)], reference, names,
+                          ctx.config["reference_tolerance"])
+        if not vs_fp32["passed"]:
+            raise ctx.error(f"the {ctx.config['precision']} artifact differs from fp32 beyond the "
+                            f"variant's gate: {describe_failures(vs_fp32)} ({summary(vs_fp32)})",
+                            hint="the variant passed its gate in onnxruntime; the compiled form "
+                                 "does not: compare with its own golden (validation.json)")
+    report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
+              "outputs": result["outputs"], "shipped_bytes_executed": not twin}
+    if vs_fp32 is not None:
+        report["vs_fp32"] = {"tolerance": ctx.config["reference_tolerance"],
+                             "outputs": vs_fp32["outputs"]}
+    if twin:
+        # The shipped bytes were not run: say exactly what was, and what is still owed.
+        report["status"] = "twin-passed"
+        report["twin"] = {"vulkan_target": ctx.config["run"]["twin"],
+                          "sha256": sha256_file(ctx.input("twin.vmfb")),
+                          "shipped_sha256": sha256_file(ctx.input("vmfb")),
+                          "why": "the shipped artifact assumes a device this machine does not "
+                                 "have (its kernels would run here and return wrong numbers)",
+                          "still_needed": "run the shipped artifact on the board and compare with "
+                                          "golden before relying on it"}
+    ctx.output("validation.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- TVM artifacts
+def tvm_runner_argv(config: dict, so: Path, inputs: list, outputs: list,
+                where: dict) -> tuple[list, dict, dict]:
+    """The command that runs `so`, where and how it ran, and its environment."""
+    args = [str(TVM_RUNNER), "--module", str(so), "--entry", config["entry"],
+            *[a for p in inputs for a in ("--input", str(p))],
+            *[a for p in outputs for a in ("--output", str(p))]]
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    run = config["run"]
+    if run["via"] == "python":
+        executed = {"runtime": f"apache-tvm {distribution_version('apache-tvm')} runtime "
+                               f"(Relax VM, Python)",
+                    "device": run["device"], "emulated": False,
+                    "where": f"{platform.machine()} build host, natively"}
+        return [sys.executable, *args], executed, env
+    qemu_aarch64(**where)  # the wrapper needs it on PATH: fail here with the setup hint
+    tv = aarch64_tvm(**where)
+    env["QEMU_CPU"] = run["qemu_cpu"]
+    executed = {"runtime": f"apache-tvm {tv.version} runtime (Relax VM, aarch64 wheel, Python 3.11)",
+                "device": run["device"], "emulated": True,
+                "where": f"qemu-aarch64-static -cpu {run['qemu_cpu']} on the "
+                         f"{platform.machine()} build host"}
+    return [str(tv.python), *args], executed, env
+
+
+def run_tvm(ctx) -> None:
+    """TVM artifacts: run the shipped model.so through TVM's runtime (natively or under qemu)."""
+    _, _, _, executed, result = run_and_compare(
+        ctx, ctx.input("model.so"), tvm_runner_argv, what="TVM artifact",
+        run_hint="read the log; SIGILL means the artifact uses CPU features the executing CPU lacks",
+        wrong_hint="the TVM artifact is numerically wrong for this tolerance: compare with the "
+                   "untuned build (tuning budget 0), or report it to TVM")
+    report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
+              "outputs": result["outputs"], "shipped_bytes_executed": True}
+    ctx.output("validation.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- steps
+def steps(project) -> list:
+    """Every artifact the graph builds is run and compared with golden: IREE's (models,
+    precision variants), TVM's, and those of the host proxies of another target's choice."""
+    layout, out = project.layout, []
+    for model in project.models:
+        for target in project.targets:
+            out += [validate_step(layout, model, target, a) for a in target.abis
+                    if built(project, model, target, a)]
+        for v in model.variants:
+            vm = variant_model(model, v)
+            out += [_variant(validate_step(layout, vm, target, abi), v)
+                    for target in project.targets for abi in target.abis
+                    if not variant_skip_reason(model, v, abi, layout.cache)]
+    for model in project.models:
+        for target in project.targets:
+            out += [tvm_validate_step(layout, model, target, a)
+                    for a in tvm_abis(project, model, target)]
+        for target, abi in proxy_pairs(project):
+            if compiler_of(abi) in skipped(project, model, target):
+                continue
+            make = tvm_validate_step if compiler_of(abi) == "tvm" else validate_step
+            out.append(make(layout, model, target, abi))
+    return out
+
+
+def validate_step(layout, model, target, abi) -> Step:
+    compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
+    inputs = {"vmfb": compiled / "model.vmfb", **golden_files(layout, model)}
+    via = abi.run["via"]
+    if via == "twin":
+        inputs["twin.vmfb"] = layout.artifact_stage(target.name, model.name, abi.name,
+                                                    "twin_compile") / "model.vmfb"
+    tools = {"python": ("iree-base-runtime", "numpy"),
+             "qemu": ("iree-runtime-aarch64", "qemu-aarch64-static", "numpy"),
+             "vulkan": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}"),
+             "twin": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}")}[via]
+    return Step(stage="validate", name=abi_step_name(model, target, abi), version=VERSION,
+                config={"run": abi.run, "entry": ENTRY, "backend": abi.backend,
+                        "tolerance": model.tolerance.as_dict()},
+                inputs=inputs, outputs=OUTPUTS,
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
+                tools=tools, action=run, layout=layout,
+                doc=(f"run the twin ({abi.run.get('twin')}) on {abi.run.get('driver')} and compare with golden"
+                     if via == "twin" else f"run the artifact ({via}) and compare with golden"),
+                where=where(model, target, abi))
+
+
+def _variant(step, v):
+    """A variant's validation also holds it to fp32, within its gate."""
+    folder = step.inputs["golden.json"].parent
+    n_out = sum(1 for k in step.inputs if k.startswith("golden:output_"))
+    refs = {f"golden:reference_{k}.npy": folder / f"reference_{k}.npy" for k in range(n_out)}
+    return dataclasses.replace(
+        step, inputs={**step.inputs, **refs},
+        config={**step.config, "precision": v.precision,
+                "reference_tolerance": v.gate.sample_tolerance()},
+        doc=f"{step.doc}, and with fp32 within the gate")
+
+
+def tvm_validate_step(layout, model, target, abi) -> Step:
+    compiled = layout.artifact_stage(target.name, model.name, abi.name, "tvm_compile")
+    via = abi.run["via"]
+    tools = ("apache-tvm", "numpy") if via == "python" else \
+        ("tvm-aarch64", "qemu-aarch64-static", "numpy")
+    return Step(stage="validate", name=abi_step_name(model, target, abi), version=TVM_VERSION,
+                config={"run": abi.run, "entry": ENTRY, "compiler": "tvm",
+                        "tolerance": model.tolerance.as_dict()},
+                inputs={"model.so": compiled / "model.so", **golden_files(layout, model)},
+                outputs=OUTPUTS,
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
+                tools=tools, action=run_tvm, layout=layout,
+                doc=f"run the TVM artifact ({via}) and compare with golden",
+                where=where(model, target, abi))
