@@ -75,13 +75,25 @@ for _stage in STAGES:
         globals()[f"task_{_stage.name}"] = _stage_task(_stage)
 
 
-@create_after(executed="coverage", creates=[s.name for s in STAGES if s.after_coverage])
+# doit makes delayed tasks only for commands that run tasks. The commands that only read the
+# graph (list, info, clean, forget...) get them at once, from the coverage verdicts on disk (or
+# every ABI, before coverage ever ran): `doit list --all` and `doit info TASK` see every step.
+_READ_ONLY = {"list", "info", "clean", "forget", "ignore", "dumpdb", "help", "tabcompletion"}
+_COMMAND = next((a for a in sys.argv[1:] if not a.startswith("-") and "=" not in a), "run")
+
+
 def task_after_coverage():
     """(made once `coverage` has run) iree_compile, tvm_tune, tvm_compile, validate, choose, manifest"""
     for stage in STAGES:
         if stage.after_coverage:
+            yield {"basename": stage.name, "name": None, "doc": stage.doc}
             for step in PROJECT.steps(stage.name):
                 yield {**doit_task(step), "basename": stage.name}
+
+
+if _COMMAND not in _READ_ONLY:
+    task_after_coverage = create_after(
+        executed="coverage", creates=[s.name for s in STAGES if s.after_coverage])(task_after_coverage)
 
 
 def task_build():
