@@ -68,7 +68,7 @@ def edit_spec(spec: Path, signature: dict) -> str:
 
 def predicted_chain(models: Path, artifacts: Path, target: str, before: dict) -> list[str]:
     """doit tasks the edit must re-run: fingerprint changed, or downstream of one that did."""
-    from pipeline.graph import STAGES, load_project
+    from pipeline.graph import load_project
     from pipeline.core.store import _memo
     after = _steps(load_project(models, artifacts, target))
     _memo.save()  # now, while the temporary folder still exists

@@ -8,9 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
 
 from conftest import (REPO, Workspace, add_fixture_model, add_tiny_model, ran, require_aarch64,
                       sha256, write_spec)

@@ -1,6 +1,6 @@
 """Op coverage: the IREE rules and TVM's converter map against the real compilers, on tiny models.
 
-Every rule of pipeline/coverage.py's IREE table is reproduced here with the real iree-compile,
+Every rule of pipeline/stages/coverage.py's IREE table is reproduced here with the real iree-compile,
 and so are the claims that did not reproduce (they must keep compiling, or the table needs
 them): a new IREE or TVM that changes either shows up in this file first.
 """

@@ -4,7 +4,6 @@ seed; images written with Pillow."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

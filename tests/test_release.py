@@ -5,7 +5,6 @@ The signing keys here are test keys generated into pytest's temporary folders; n
 from __future__ import annotations
 
 import base64
-import gzip
 import io
 import json
 import shutil

@@ -1,4 +1,5 @@
-"""TFLite and NNEF sources (pipeline/sources.py) and shape variants (pipeline/shapes.py)."""
+"""TFLite and NNEF sources (pipeline/spec/sources.py; their conversion, pipeline/stages/sources.py)
+and shape variants (pipeline/spec/shapes.py)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import pytest
 from conftest import (FIXTURES, REPO, add_default_model, add_fixture_model, add_tiny_model,
                       require_aarch64, sha256, target_registry)
 from pipeline.spec import sources
+from pipeline.stages import sources as conversion
 from pipeline.core.errors import SpecError
 from pipeline.graph import load_project
 from pipeline.spec import load_models
@@ -98,7 +100,7 @@ def test_tflite_source_golden_from_the_interpreter_and_nhwc_conversion(workspace
     assert [o["name"] for o in golden["outputs"]] == ["conv2d_21", "conv2d_31"]
     x = np.load(a / "golden" / "input_0.npy")
     assert x.shape == (1, 192, 192, 3) and 0 <= x.min() and x.max() <= 1
-    again = sources.tflite_run(REPO / "models" / "face_landmark" / "face_landmark.tflite", {"input_1": x})
+    again = conversion.tflite_run(REPO / "models" / "face_landmark" / "face_landmark.tflite", {"input_1": x})
     for k, name in enumerate(["conv2d_21", "conv2d_31"]):  # golden is the interpreter, bit for bit
         np.testing.assert_array_equal(np.load(a / "golden" / f"output_{k}.npy"), again[name])
 
@@ -127,7 +129,7 @@ def test_nnef_fixture_round_trip_matches_the_original_onnx(tmp_path):
     """The committed NNEF graph (made from models/ppocr_cls by make_fixture.py) -> ONNX == the original."""
     import onnxruntime as ort
     out = tmp_path / "back.onnx"
-    sources.to_onnx(NNEF_FIXTURE / "cls.nnef", "nnef", out)
+    conversion.to_onnx(NNEF_FIXTURE / "cls.nnef", "nnef", out)
     x = np.random.default_rng(7).uniform(-1, 1, (1, 3, 48, 192)).astype(np.float32)
     (want,) = ort.InferenceSession(str(CLS_ONNX)).run(None, {"x": x})
     back = ort.InferenceSession(str(out))
@@ -235,7 +237,7 @@ def test_basic_pitch_onnx_and_tflite_sources_build_and_their_artifacts_agree(wor
     """The same audio CNN as .onnx and .tflite, built as two models for the host and the RK3588 CPU
     (aarch64, run under qemu): every artifact passes against its own golden (onnxruntime / LiteRT),
     the two goldens agree, and the two sources' artifacts agree with each other and with both goldens.
-    Needs: shape-op folding on the TFLite route, NNEF `stack` (pipeline/nnef_fixes.py), and the
+    Needs: shape-op folding on the TFLite route, NNEF `stack` (pipeline/stages/nnef_fixes.py), and the
     static stage's reflect-pad-as-gather rewrite for IREE. Measured on the shared 2-core machine
     (load 2-4): cold build of both models for host + rk3588 CPU 92 s (the ONNX source alone 52 s),
     this whole test ~2 min; too slow for a default model, so the two specs are test fixtures."""
@@ -332,8 +334,8 @@ def test_a_layout_flip_in_the_conversion_is_named_never_silent():
             "outputs": [{"name": "y", "dtype": "float32", "dims": [1, 10]}]}
     nchw = {"inputs": [{"name": "input_1", "dtype": "float32", "dims": [1, 3, 192, 192]}],
             "outputs": [{"name": "y", "dtype": "float32", "dims": [1, 10]}]}
-    assert sources.io_mismatches(nhwc, nhwc) == []
-    (problem,) = sources.io_mismatches(nhwc, nchw)
+    assert conversion.io_mismatches(nhwc, nhwc) == []
+    (problem,) = conversion.io_mismatches(nhwc, nchw)
     assert "input 'input_1': shape [1, 192, 192, 3] became [1, 3, 192, 192]" in problem
     assert "NHWC -> NCHW" in problem
 

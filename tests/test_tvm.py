@@ -236,7 +236,6 @@ def test_next_build_applies_the_database_with_zero_trials(tuned, targets):
     shutil.rmtree(ws.artifacts / "host/alpha/cpu-x86_64-tvm/tvm_tune")
     (ws.artifacts / ".doit.db").unlink()
     from pipeline import graph
-    from pipeline.stages import tvm_tune
     from pipeline.core.steps import execute
     proj = graph.load_project(ws.models, ws.artifacts, "host", targets)
     (step,) = proj.steps("tvm_tune")

@@ -6,17 +6,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import REPO, Workspace, add_tiny_model, require, require_aarch64, sha256
 from pipeline.compilers import iree_targets
 from pipeline.run import vulkan
-from pipeline.core.errors import PipelineError, SpecError
+from pipeline.core.errors import SpecError
 from pipeline.graph import load_project
-from pipeline.spec import load_target
 
 VALHALL3 = ('iree_gpu.target<arch = "valhall3", features = "spirv:v1.6,cap:Shader", wgp = <compute = '
             'fp32|fp16|int32|int16|int8, storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, '

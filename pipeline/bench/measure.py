@@ -33,9 +33,16 @@ from ..core.layout import Layout
 from ..core.numerics import compare, summary as numerics_summary
 from ..spec.model import display
 from ..core.store import atomic_write_text, pretty_json, sha256_file
-from ..core.tools import distribution_version
-from ..run.timing import (NOISY_CV, PHASES, RUNNERS, OnnxruntimeCpuRunner, paired_ratio_p50,
-                          stats)
+from ..core.tools import cpu_model, distribution_version
+from ..run.timing import (NOISY_CV, PHASES, RUNNERS, IreeCpuRunner, IreeVulkanRunner,
+                          OnnxruntimeCpuRunner, paired_ratio_p50, stats)
+
+# The bench's API: its own, and the runners and statistics of run/timing.py it applies.
+__all__ = ["Options", "Planned", "plan", "measure", "machine", "bench_artifact", "load_baseline",
+           "regressions", "summarise", "run", "variant_rows", "table", "variant_table",
+           "doit_action", "runner_key", "RESULT_SCHEMA", "SUMMARY_SCHEMA", "VARS", "STAGE",
+           "NOISY_CV", "PHASES", "RUNNERS", "IreeCpuRunner", "IreeVulkanRunner",
+           "OnnxruntimeCpuRunner", "paired_ratio_p50", "stats"]
 
 RESULT_SCHEMA = "modelyard.bench/1"
 SUMMARY_SCHEMA = "modelyard.bench-summary/1"
@@ -182,15 +189,7 @@ def measure(artifact: Callable, baseline: Callable, inputs: list, options: Optio
 
 def machine() -> dict:
     """The CPU model and what this process may use: part of every result."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu_model": model, "logical_cpus": os.cpu_count(),
+    return {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)), "arch": platform.machine(),
             "python": platform.python_version(), "loadavg_1m_start": round(os.getloadavg()[0], 2)}
 
@@ -213,9 +212,9 @@ def bench_artifact(layout: Layout, target: str, item: Planned, manifest: dict,
 
     where = {"stage": STAGE, "model": item.model, "target": f"{target}/{item.abi}"}
     art = item.artifact
-    vmfb = layout.root / art["path"]
+    vmfb = layout.resolve(art["path"])
     static_entry = manifest["models"][item.model]["static_model"]
-    static = (layout.root / static_entry["path"] if "path" in static_entry  # a precision variant
+    static = (layout.resolve(static_entry["path"]) if "path" in static_entry  # a precision variant
               else layout.model_stage(item.model, "static") / "model.onnx")
     for path, want, what in ((vmfb, art["sha256"], "artifact"),
                              (static, manifest["models"][item.model]["static_model"]["sha256"],
@@ -266,7 +265,9 @@ def bench_artifact(layout: Layout, target: str, item: Planned, manifest: dict,
         "window": {"iterations": m["iterations"], "ended_by": m["ended_by"],
                    "seconds": m["window_s"]},
         "stats": series,
-        "ratio_to_onnxruntime": round(total["p50_ms"] / ort["p50_ms"], 6),
+        # of the unrounded medians: the rounded p50s (1 ns) are too coarse for a short window
+        "ratio_to_onnxruntime": round(float(np.median(samples["total"])
+                                            / np.median(samples["onnxruntime"])), 6),
         "paired_ratio_p50": paired_ratio_p50(samples["total"], samples["onnxruntime"]),
         "noisy": total["noisy"] or ort["noisy"],
         "outputs_check": {who: {"passed": c["passed"], "summary": numerics_summary(c)}

@@ -272,7 +272,7 @@ def render(summary: dict, results: dict, manifest: dict) -> str:
                     p.append(f"<tr>{cell}<td colspan=8 class='l skip'>not measured here: "
                              f"{escape(why)}</td></tr>")
                     continue
-                noisy = f" <span class=noisy>noisy</span>" if row["noisy"] else ""
+                noisy = " <span class=noisy>noisy</span>" if row["noisy"] else ""
                 p.append(f"<tr>{cell}<td>{row['n']}</td><td><b>{_ms(row['p50_ms'])}</b></td>"
                          f"<td>{_ms(row['p90_ms'])}</td><td>{_ms(row['p99_ms'])}</td>"
                          f"<td>{row['cv']:.2f}{noisy}</td><td>{_ms(row['onnxruntime']['p50_ms'])}"

@@ -19,6 +19,8 @@ import json
 import re
 from pathlib import Path
 
+from ..core.store import pretty_json
+
 TABLE = Path(__file__).with_name("iree_vulkan_targets.json")
 DISTRIBUTION = "iree-base-compiler"
 FORMAT = 1
@@ -127,10 +129,10 @@ def installed_version() -> str:
 def probe(target: str, features: str | None = None) -> dict:
     """Compile the one-op probe for a Vulkan target with the installed iree-compile and return
     its target record; raises TargetRejected when the compiler does not accept it."""
-    import subprocess
     import tempfile
 
     from iree.compiler.tools.binaries import find_tool
+    from ..core.tools import run_tool
     with tempfile.TemporaryDirectory() as tmp:
         src, dump = Path(tmp) / "probe.mlir", Path(tmp) / "executables.mlir"
         src.write_text(PROBE_MLIR)
@@ -139,10 +141,10 @@ def probe(target: str, features: str | None = None) -> dict:
                 "-o", str(dump)]
         if features:
             argv.insert(-2, f"--iree-vulkan-target-features={features}")
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0 or not dump.is_file():
-            lines = ([l for l in proc.stderr.splitlines() if "error" in l]
-                     or proc.stderr.splitlines() or [f"exit status {proc.returncode}"])
+        result = run_tool(argv, log=None, what="iree-compile (Vulkan target probe)", check=False)
+        if result.returncode != 0 or not dump.is_file():
+            lines = ([l for l in result.output.splitlines() if "error" in l]
+                     or result.output.splitlines() or [f"exit status {result.returncode}"])
             raise TargetRejected(lines[0].split("error:", 1)[-1].strip())
         return requirements(dump.read_text())
 
@@ -160,7 +162,7 @@ def probe_all() -> dict:
 
 
 def render(table: dict) -> str:
-    return json.dumps(table, sort_keys=True, indent=2) + "\n"
+    return pretty_json(table)
 
 
 def refresh(path: Path = TABLE) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..core.store import pretty_json
+
 TABLE = Path(__file__).with_name("tvm_onnx_ops.json")
 DISTRIBUTION = "apache-tvm"
 FORMAT = 1
@@ -43,7 +45,7 @@ def live_ops() -> set[str]:
 
 
 def render(table: dict) -> str:
-    return json.dumps(table, sort_keys=True, indent=2) + "\n"
+    return pretty_json(table)
 
 
 def refresh(path: Path = TABLE) -> str:

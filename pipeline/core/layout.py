@@ -28,18 +28,27 @@ REPO = Path(__file__).resolve().parents[2]
 class Layout:
     root: Path  # the artifacts folder
 
+    @classmethod
+    def of_manifest(cls, manifest: Path) -> "Layout":
+        """The layout a target's manifest.json lives in (its paths are relative to the root)."""
+        return cls(Path(manifest).parent.parent)
+
+    def target_dir(self, target: str) -> Path:
+        """Per target: its manifest and its last bench run."""
+        return self.root / target
+
     def model_stage(self, model: str, stage: str) -> Path:
         return self.root / "models" / model / stage
 
     def target_model_stage(self, target: str, model: str, stage: str) -> Path:
         """Per target and model, whatever the ABI: coverage, choose."""
-        return self.root / target / model / stage
+        return self.target_dir(target) / model / stage
 
     def artifact_stage(self, target: str, model: str, abi: str, stage: str) -> Path:
-        return self.root / target / model / abi / stage
+        return self.target_dir(target) / model / abi / stage
 
     def manifest(self, target: str) -> Path:
-        return self.root / target / "manifest.json"
+        return self.target_dir(target) / "manifest.json"
 
     def release(self, target: str, version: str) -> Path:
         return self.root / "releases" / target / version
@@ -49,13 +58,13 @@ class Layout:
         return self.root / ".tmp" / stage / name.replace("/", "__")
 
     def bench_result(self, target: str, model: str, abi: str, sha256: str) -> Path:
-        return self.root / target / model / abi / "bench" / f"{sha256}.json"
+        return self.target_dir(target) / model / abi / "bench" / f"{sha256}.json"
 
     def bench_summary(self, target: str) -> Path:
-        return self.root / target / "bench.json"
+        return self.target_dir(target) / "bench.json"
 
     def bench_report(self, target: str) -> Path:
-        return self.root / target / "report.html"
+        return self.target_dir(target) / "report.html"
 
     def accuracy_report(self, variant: str) -> Path:
         return self.root / "reports" / "accuracy" / variant
@@ -78,3 +87,7 @@ class Layout:
     def relative(self, path: Path) -> str:
         """A path as written in manifests: relative to the artifacts folder, never absolute."""
         return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+
+    def resolve(self, relative: str) -> Path:
+        """A path as written in manifests (see `relative`), as a file here."""
+        return self.root / relative

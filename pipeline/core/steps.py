@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from .errors import PipelineError
 from .layout import Layout
@@ -28,12 +28,54 @@ from .tools import versions
 RECORD = "step.json"
 
 
+class StageConfig:
+    """Base of the stages' configs: frozen dataclasses, checked when made.
+
+    A stage module declares `@dataclass(frozen=True) class Config(StageConfig)` with typed fields
+    and a `problems()` that yields one sentence per broken rule. `as_key()` is the dict hashed
+    into the step key (Step.config): by default every field under its own name, tuples as lists,
+    nested configs as their own keys; a config whose key leaves fields out says so in its own
+    `as_key`. `from_key` is its inverse: Config.from_key(cfg.as_key()) == cfg. Lists given to a
+    field are kept as tuples: a config cannot change once made.
+    """
+
+    def __post_init__(self):
+        for f in fields(self):
+            if isinstance(getattr(self, f.name), list):
+                object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
+        problems = list(self.problems())
+        if problems:
+            raise ValueError(f"{type(self).__module__}.{type(self).__qualname__}: "
+                             + "; ".join(problems))
+
+    def problems(self) -> Iterator[str]:
+        return iter(())
+
+    def as_key(self) -> dict:
+        return {f.name: key_value(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_key(cls, key: dict):
+        return cls(**key)
+
+
+def key_value(value):
+    """A config value as the step key holds it: plain JSON types, copied."""
+    if isinstance(value, StageConfig):
+        return value.as_key()
+    if isinstance(value, (list, tuple)):
+        return [key_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: key_value(v) for k, v in value.items()}
+    return value
+
+
 @dataclass(frozen=True)
 class Step:
     stage: str
     name: str                      # unique within the stage, e.g. "rk3588/ppocr_det/cpu-aarch64"
     version: int                   # the stage's VERSION: bump when outputs change for the same inputs
-    config: dict                   # JSON-able: everything besides the inputs that decides the outputs
+    config: Any                    # given: the stage's Config; then its key dict (see __post_init__)
     inputs: dict                   # logical name -> Path of a file another step (or the user) made
     outputs: tuple                 # file names written into out_dir
     out_dir: Path
@@ -44,6 +86,23 @@ class Step:
     where: dict = field(default_factory=dict)  # model=, target= for error messages
     owns_dir: bool = True          # the step owns out_dir entirely (stray files are removed)
     after: tuple = ()              # doit tasks that must succeed first, without being inputs
+    config_type: type | None = None  # the class of `cfg` (set from `config`)
+    cfg: StageConfig = field(init=False, repr=False, compare=False)  # typed: what run(ctx) reads
+
+    def __post_init__(self):
+        """`config` is given as the stage's Config, or as its key dict (what
+        dataclasses.replace(step, config={...}) passes, made again into a checked Config):
+        `cfg` is then the typed config and `config` exactly cfg.as_key(), the part of the key."""
+        if isinstance(self.config, StageConfig):
+            cfg = self.config
+        elif self.config_type is not None:
+            cfg = self.config_type.from_key(self.config)
+        else:
+            raise TypeError(f"step {self.stage}:{self.name}: config must be a StageConfig, "
+                            f"got {type(self.config).__name__}")
+        object.__setattr__(self, "cfg", cfg)
+        object.__setattr__(self, "config_type", type(cfg))
+        object.__setattr__(self, "config", cfg.as_key())
 
     def static_fingerprint(self) -> dict:
         """What doit compares between runs, besides the input files themselves."""
@@ -70,8 +129,9 @@ class StepContext:
     scratch: Path
 
     @property
-    def config(self) -> dict:
-        return self.step.config
+    def cfg(self):
+        """The step's typed config (its stage's Config)."""
+        return self.step.cfg
 
     @property
     def log(self) -> Path:

@@ -1,7 +1,9 @@
 """Running external tools: argv, exit code, stderr tail, log path; and what version each tool is.
 
-Every tool run appends its command line and full output to a log file; on failure the error
-carries the exit code, the tail of the output and that log's path.
+Every child process the pipeline starts is started here: by run_tool (to completion; command
+line and output appended to the step's log as the output comes, and line by line to a callback
+when asked: tuning's progress) or by start_service (a server, until stop_services). On failure
+the error carries the exit code, the tail of the output and that log's path.
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .errors import PipelineError
 from .layout import REPO
@@ -92,34 +96,118 @@ def tail(text: str, lines: int = 25) -> str:
 class ToolRun:
     argv: list[str]
     returncode: int
-    output: str
-    log: Path
+    output: str               # stdout and stderr, interleaved as the tool wrote them
+    log: Path | None
+    timed_out: bool = False
 
 
-def run_tool(argv: list[str], *, log: Path, what: str, stage: str, model: str | None = None,
-             target: str | None = None, hint: str | None = None, cwd: Path | None = None,
-             env: dict | None = None, timeout: float | None = None, check: bool = True) -> ToolRun:
-    """Run `argv`, appending command and output to `log`; raise PipelineError on failure."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+def run_tool(argv: list, *, log: Path | None, what: str, stage: str | None = None,
+             model: str | None = None, target: str | None = None, hint: str | None = None,
+             cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
+             check: bool = True, on_line: Callable[[str], None] | None = None) -> ToolRun:
+    """Run `argv` to completion: the one way the pipeline starts a tool.
+
+    The command line, then the output as it comes, then the exit code are appended to `log`
+    (None: a probe outside any step, nothing is written). `on_line` is called with each output
+    line as it comes (streaming, e.g. tuning's progress). Past `timeout` seconds the tool and
+    its children are killed. With `check`, a failure raises PipelineError with the exit code,
+    the tail of the output and the log.
+    """
+    argv = [str(a) for a in argv]
+    where = dict(stage=stage, model=model, target=target)
     if not shutil.which(argv[0]) and not Path(argv[0]).is_file():
-        raise PipelineError(f"{what}: tool {argv[0]!r} is not installed", stage=stage,
-                            model=model, target=target, hint=SETUP_HINT)
-    try:
-        proc = subprocess.run(argv, cwd=cwd, env=env, timeout=timeout, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace")
-        rc, output = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as exc:
-        rc, output = -signal.SIGKILL, (exc.stdout or "") + f"\n(timed out after {timeout} s)"
-        if isinstance(output, bytes):
-            output = output.decode(errors="replace")
-    with open(log, "a") as f:
-        f.write(f"$ {shlex.join(str(a) for a in argv)}\n{output}\n[exit code {rc}]\n\n")
-    run = ToolRun([str(a) for a in argv], rc, output, log)
+        raise PipelineError(f"{what}: tool {argv[0]!r} is not installed", hint=SETUP_HINT, **where)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log if log is not None else os.devnull, "a") as out:
+        out.write(f"$ {shlex.join(argv)}\n")
+        out.flush()
+        try:
+            rc, output, timed_out = _stream(argv, out, cwd, env, timeout, on_line)
+        except OSError as exc:  # exists, but cannot be executed
+            raise PipelineError(f"{what}: cannot start {argv[0]!r}: {exc}", hint=SETUP_HINT,
+                                **where) from None
+        if timed_out:
+            output += f"\n(timed out after {timeout} s)"
+            out.write(f"\n(timed out after {timeout} s)")
+        out.write(f"\n[exit code {rc}]\n\n")
+    run = ToolRun(argv, rc, output, log, timed_out)
     if check and rc != 0:
-        raise PipelineError(f"{what} failed ({describe_exit(rc)}):\n{tail(output)}",
-                            stage=stage, model=model, target=target, hint=hint, log=str(log))
+        raise PipelineError(f"{what} failed ({describe_exit(rc)}):\n{tail(output)}", hint=hint,
+                            log=str(log) if log is not None else None, **where)
     return run
+
+
+def _stream(argv: list[str], out, cwd, env, timeout, on_line) -> tuple[int, str, bool]:
+    """Run the child in a process group of its own, copying each output line to `out` (and to
+    `on_line`) as it comes; the whole group is killed on timeout or on an exception here
+    (Ctrl-C): a compiler's own children do not outlive it. Returns (exit code, output, timed out)."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", process_group=0)
+    expired = threading.Event()
+
+    def kill() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def on_timeout() -> None:
+        expired.set()
+        kill()
+
+    timer = threading.Timer(timeout, on_timeout) if timeout else None
+    lines = []
+    try:
+        if timer:
+            timer.start()
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            lines.append(line)
+            if on_line:
+                on_line(line.rstrip("\n"))
+        rc = proc.wait()
+    except BaseException:
+        kill()
+        proc.wait()
+        raise
+    finally:
+        if timer:
+            timer.cancel()
+        proc.stdout.close()
+    return (-signal.SIGKILL if expired.is_set() else rc), "".join(lines), expired.is_set()
+
+
+def start_service(argv: list, *, log: Path | None, env: dict | None = None) -> subprocess.Popen:
+    """Start a long-running tool (a server: the TVM RPC tracker, a board) in a session of its
+    own, its output going to `log`; it runs until stop_services() ends it, children included."""
+    argv = [str(a) for a in argv]
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log if log is not None else os.devnull, "w") as out:
+        out.write(f"$ {shlex.join(argv)}\n")
+        out.flush()
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop_services(procs: list[subprocess.Popen], grace_s: float = 10) -> None:
+    """Stop services started by start_service, the last one first: SIGTERM to each one's process
+    group, then SIGKILL to any still running after `grace_s` seconds."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for proc in reversed(procs):
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def describe_exit(rc: int) -> str:
@@ -198,6 +286,25 @@ def qemu_aarch64(**where) -> str:
         raise PipelineError("qemu-aarch64-static is not installed (needed to run aarch64 artifacts)",
                             hint=SETUP_HINT, **where)
     return exe
+
+
+AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"  # the aarch64 libc qemu-user loads programs against
+
+
+def qemu_argv(cpu: str, *argv, **where) -> list[str]:
+    """The command line that runs an aarch64 program here, under qemu-user as CPU model `cpu`."""
+    return [qemu_aarch64(**where), "-L", AARCH64_SYSROOT, "-cpu", cpu, *(str(a) for a in argv)]
+
+
+def cpu_model() -> str:
+    """This machine's CPU model, as /proc/cpuinfo names it ("unknown" where it does not)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def python_module_argv(module: str, *args: str) -> list[str]:

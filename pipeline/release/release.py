@@ -42,6 +42,7 @@ from . import provenance
 
 from . import signing
 from ..core.errors import PipelineError
+from ..core.steps import RECORD
 from ..core.store import pretty_json, sha256_file
 from .verify import MANIFEST, PROVENANCE, SIGNATURE, archive_name, digest, file_digest, verify
 
@@ -185,7 +186,7 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
                     continue
                 waivers.append(waiver)
             file = f"models/{name}/{abi}/{Path(art['path']).name}"
-            ship[file] = (project.layout.root / art["path"], art["sha256"])
+            ship[file] = (project.layout.resolve(art["path"]), art["sha256"])
             artifacts[abi] = _artifact(art, file, waiver, measured.get((name, abi, art["sha256"])))
         licenses = []
         for path in spec.licenses:
@@ -284,7 +285,7 @@ def _tools(layout, build: dict, **where) -> dict:
             "import", "golden", "static")
         for stage in stages:
             owner = entry.get("shape_of", name) if stage == "import" else name  # shapes share it
-            record = layout.model_stage(owner, stage) / "step.json"
+            record = layout.model_stage(owner, stage) / RECORD
             if not record.is_file():
                 raise PipelineError(f"{record} is missing", **where,
                                     hint=f"run `doit build target={where['target']}` again")

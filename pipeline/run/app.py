@@ -30,15 +30,16 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import vulkan
 from ..core.errors import PipelineError
+from ..core.layout import Layout
 
 STAGE = "runtime"
+EMULATED_CPU = "cortex-a76"  # the qemu CPU model emulated artifacts run on
 
 
 @dataclass
@@ -98,9 +99,11 @@ def load_module(path: Path, driver: str, entry: str, where: dict):
 
 
 class Runner:
-    def __init__(self, choice: Choice, fn, entry: str, emulated_argv=None, n_outputs: int = 1):
+    def __init__(self, choice: Choice, fn, entry: str, emulated_argv=None, n_outputs: int = 1,
+                 where: dict | None = None):
         self.choice, self._fn, self.entry = choice, fn, entry
         self._emulated_argv, self._n_outputs = emulated_argv, n_outputs
+        self._where = where or {}
 
     # -------------------------------------------------------------------------- choosing
     @classmethod
@@ -109,7 +112,7 @@ class Runner:
              allow_emulation: bool = True, base: str | Path | None = None) -> "Runner":
         manifest = Path(manifest)
         doc = json.loads(manifest.read_text())
-        base = Path(base) if base else manifest.parent.parent  # paths are relative to artifacts/
+        layout = Layout(Path(base)) if base else Layout.of_manifest(manifest)
         target = doc["target"]["name"]
         if variant not in (None, "fp32"):  # a precision variant: its own manifest entry
             model = f"{model}.{variant}"
@@ -139,7 +142,7 @@ class Runner:
             why = None if prefer else not_shipped.get(abi)
             why = why or cls._why_not(art, vulkan_driver, allow_emulation, vk_cache)
             if why is None:
-                path = base / art["path"]
+                path = layout.resolve(art["path"])
                 choice = cls._choice(abi, art, path, vulkan_driver, vk_cache, considered)
                 n_out = len(entry_doc["io"]["outputs"])
                 return cls._load(choice, art, n_out, vulkan_driver, {**where, "target": f"{target}/{abi}"})
@@ -205,12 +208,11 @@ class Runner:
         if art.get("format") == "tvm-so":
             return cls._load_tvm(choice, entry, n_outputs, where)
         if choice.emulated:
-            from ..core.tools import aarch64_runtime, qemu_aarch64
+            from ..core.tools import aarch64_runtime, qemu_argv
             rt_ = aarch64_runtime(stage=STAGE, **where)
-            argv = [qemu_aarch64(stage=STAGE, **where), "-L", "/usr/aarch64-linux-gnu",
-                    "-cpu", "cortex-a76", str(rt_.run_module), "--device=local-task",
-                    f"--module={choice.path}", f"--function={entry}"]
-            return cls(choice, None, entry, emulated_argv=argv, n_outputs=n_outputs)
+            argv = qemu_argv(EMULATED_CPU, rt_.run_module, "--device=local-task",
+                             f"--module={choice.path}", f"--function={entry}", stage=STAGE, **where)
+            return cls(choice, None, entry, emulated_argv=argv, n_outputs=n_outputs, where=where)
         if choice.backend == "vulkan-spirv":
             env = vulkan.driver_env(driver)
             for key in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "XDG_RUNTIME_DIR"):
@@ -228,11 +230,11 @@ class Runner:
             module = TvmModule(str(choice.path), entry)
             return cls(choice, module, entry, n_outputs=n_outputs)
         from ..core.tools import aarch64_tvm, qemu_aarch64
-        from ..stages.tvm_validate import RUNNER
+        from .tvm_run import RUNNER
         qemu_aarch64(stage=STAGE, **where)
         tv = aarch64_tvm(stage=STAGE, **where)
         argv = [str(tv.python), str(RUNNER), "--module", str(choice.path), "--entry", entry]
-        runner = cls(choice, None, entry, emulated_argv=argv, n_outputs=n_outputs)
+        runner = cls(choice, None, entry, emulated_argv=argv, n_outputs=n_outputs, where=where)
         runner._tvm = True
         return runner
 
@@ -242,32 +244,22 @@ class Runner:
     def run(self, *inputs):
         """Run on numpy arrays; returns a list of numpy arrays (one per model output)."""
         import numpy as np
-        if self._emulated_argv and self._tvm:
-            with tempfile.TemporaryDirectory(prefix="modelyard-run-") as tmp:
-                argv = list(self._emulated_argv)
-                for i, array in enumerate(inputs):
-                    np.save(f"{tmp}/in{i}.npy", np.asarray(array))
-                    argv += ["--input", f"{tmp}/in{i}.npy"]
-                outs = [f"{tmp}/out{k}.npy" for k in range(self._n_outputs)]
-                argv += [a for o in outs for a in ("--output", o)]
-                env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "QEMU_CPU": "cortex-a76"}
-                proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-                if proc.returncode != 0:
-                    raise PipelineError(f"emulated run failed: "
-                                        f"{(proc.stderr or proc.stdout).strip()[-400:]}", stage=STAGE)
-                return [np.load(o) for o in outs]
         if self._emulated_argv:
+            from ..core.tools import run_tool
             with tempfile.TemporaryDirectory(prefix="modelyard-run-") as tmp:
-                ins = []
-                for i, array in enumerate(inputs):
-                    ins.append(f"--input=@{tmp}/in{i}.npy")
-                    np.save(f"{tmp}/in{i}.npy", np.asarray(array))
+                ins = [f"{tmp}/in{i}.npy" for i in range(len(inputs))]
                 outs = [f"{tmp}/out{k}.npy" for k in range(self._n_outputs)]
-                proc = subprocess.run(self._emulated_argv + ins + [f"--output=@{o}" for o in outs],
-                                      capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise PipelineError(f"emulated run failed: {proc.stderr.strip()[-400:]}",
-                                        stage=STAGE)
+                for path, array in zip(ins, inputs):
+                    np.save(path, np.asarray(array))
+                if self._tvm:  # the TVM runner script on the aarch64 Python
+                    argv = self._emulated_argv + [a for p in ins for a in ("--input", p)] \
+                        + [a for o in outs for a in ("--output", o)]
+                    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "QEMU_CPU": EMULATED_CPU}
+                else:  # iree-run-module
+                    argv = self._emulated_argv + [f"--input=@{p}" for p in ins] \
+                        + [f"--output=@{o}" for o in outs]
+                    env = None
+                run_tool(argv, log=None, what="emulated run", env=env, stage=STAGE, **self._where)
                 return [np.load(o) for o in outs]
         if self.choice.backend == "llvm":  # TVM: numpy in, numpy out
             return self._fn(*inputs)

@@ -14,15 +14,13 @@ server's worker processes included).
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ..core.errors import PipelineError
-from ..core.tools import aarch64_tvm, qemu_aarch64
+from ..core.tools import aarch64_tvm, qemu_aarch64, start_service, stop_services
 
 
 def free_port() -> int:
@@ -38,18 +36,16 @@ class Farm:
                  qemu_cpu: str = "cortex-a76", log_dir: Path | None = None):
         self.key, self.port, self.boards, self.qemu_cpu = key, port or free_port(), boards, qemu_cpu
         self.log_dir = Path(log_dir) if log_dir else None
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list = []  # started by core.tools.start_service
 
     @property
     def tracker(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _start(self, argv: list[str], name: str, env: dict | None = None) -> subprocess.Popen:
-        out = open(self.log_dir / f"{name}.log", "w") if self.log_dir else subprocess.DEVNULL
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        self.procs.append(proc)
-        return proc
+    def _start(self, argv: list[str], name: str, env: dict | None = None):
+        log = self.log_dir / f"{name}.log" if self.log_dir else None
+        self.procs.append(start_service(argv, log=log, env=env))
+        return self.procs[-1]
 
     def start(self, timeout: float = 180) -> "Farm":
         if self.log_dir:
@@ -98,18 +94,7 @@ class Farm:
 
     def stop(self) -> None:
         """Stop every process group this farm started (boards first, then the tracker)."""
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_services(self.procs)
         self.procs.clear()
 
     def __enter__(self) -> "Farm":

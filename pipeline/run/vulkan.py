@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import PipelineError
-from ..core.tools import ICD_DIR, icd_file
+from ..core.tools import ICD_DIR, icd_file, run_tool
 
 SUBGROUP_OPS = {"shuffle": 0x10, "arithmetic": 0x4}  # VkSubgroupFeatureFlagBits
 
@@ -110,13 +109,17 @@ def query_devices(env: dict | None = None, tool: Path | None = None) -> tuple[li
     """The Vulkan devices the IREE runtime sees, and the reason when there are none."""
     tool = tool or run_module_tool()
     try:
-        proc = subprocess.run([str(tool), "--dump_devices=vulkan"], env=env, capture_output=True,
-                              text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], f"cannot query Vulkan devices: {exc}"
-    devices = parse_device_dump(proc.stdout)
+        result = run_tool([tool, "--dump_devices=vulkan"], log=None, what="iree-run-module "
+                          "--dump_devices=vulkan", env=env, timeout=120, check=False)
+    except PipelineError as exc:
+        return [], f"cannot query Vulkan devices: {exc.what}"
+    if result.timed_out:
+        return [], "cannot query Vulkan devices: iree-run-module --dump_devices=vulkan timed out after 120 s"
+    devices = parse_device_dump(result.output)
     if devices:
         return devices, ""
-    err = (proc.stderr.strip().splitlines() or ["no Vulkan device found"])[-1]
+    # the tool's own error: the last line that is not part of its (empty) dump
+    err = ([l for l in result.output.splitlines() if l.strip() and not l.startswith("#")]
+           or ["no Vulkan device found"])[-1]
     err = re.sub(r"\x1b\[[0-9;]*m", "", err)
     return [], f"no usable Vulkan driver: {err}"

@@ -3,7 +3,9 @@
 One module per section: `model` (source, inputs, tolerance, release, skip), `target` (ABIs,
 fallback), `variants` (precision variants), `calibration` (datasets, preprocessing), `tvm`
 (TVM ABIs, tuning budgets), `ship` (compiler choice slots), `shapes` (shape variants),
-`sources` (source formats and their I/O signatures); `common` holds what they share.
+`sources` (source formats and their I/O signatures); `common` holds what they share. Each
+declares its part of the YAML as a typed document (pydantic) beside the code that checks the
+rest and makes the frozen spec; `schema` exports those documents as docs/schema/*.json.
 Loading reads files only: no compiler or runtime is imported or run.
 """
 from .common import NAME_RE, Tolerance, display

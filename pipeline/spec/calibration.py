@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from ..core.errors import unknown_keys
-from .common import number
+from typing import Literal
+
+from .common import Doc, as_list, one_or_many
 
 
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm")
@@ -35,7 +36,6 @@ ARRAY_EXT = (".npy", ".npz")
 COLORS = ("rgb", "bgr", "gray")
 RESIZES = ("none", "stretch", "keep_ratio")
 LAYOUTS = ("NCHW", "NHWC")
-_PRE_KEYS = {"color", "resize", "pad", "scale", "mean", "std", "layout"}
 
 
 class SampleError(ValueError):
@@ -108,61 +108,58 @@ class Preprocessing:
         return cls(**{**d, "mean": tuple(d["mean"]), "std": tuple(d["std"])})
 
 
-def parse_preprocessing(raw, inputs: dict, where: str, problems: list) -> dict:
-    """`preprocessing:` -> {input name: Preprocessing}; inputs: name -> (shape, dtype)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        problems.append(f"{where}: preprocessing: expected a mapping of input name -> "
-                        f"{{color, resize, scale, mean, std, layout}}")
-        return {}
+class PreprocessingDoc(Doc):
+    """How an image file of a data set becomes the input, in this order (docs/variants.md)."""
+    color: Literal[COLORS] = "rgb"
+    """what the image is converted to"""
+    resize: Literal[RESIZES] = "none"
+    """none: the image is the input's H x W already; stretch: to H x W; keep_ratio: to height H,
+    then padded on the right"""
+    pad: float = 0.0
+    """the value of that padding, after normalisation"""
+    scale: float = 1 / 255
+    """pixels (0..255) are multiplied by it"""
+    mean: one_or_many(float) = 0.0
+    """then (x - mean) / std: one value or one per channel"""
+    std: one_or_many(float) = 1.0
+    layout: Literal[LAYOUTS] = "NCHW"
+    """a batch dim of 1 is added"""
+
+
+def parse_preprocessing(doc, inputs: dict, where: str, problems: list) -> dict:
+    """`preprocessing:` -> {input name: Preprocessing}; inputs: name -> (shape, dtype) of the
+    spec's inputs, None for one that is not valid."""
     out = {}
-    for name, body in raw.items():
+    for name, body in (doc or {}).items():
         pw = f"{where}: preprocessing.{name}"
         if name not in inputs:
             problems.append(f"{pw}: the model has no input named {name!r} (it has: "
                             f"{', '.join(inputs)})")
             continue
-        if not isinstance(body, dict):
-            problems.append(f"{pw}: expected a mapping with color, resize, scale, mean, std, layout")
+        if body is None or inputs[name] is None:
             continue
-        unknown_keys(problems, pw, body, _PRE_KEYS)
         before = len(problems)
-        color, resize = body.get("color", "rgb"), body.get("resize", "none")
-        layout = body.get("layout", "NCHW")
-        for key, value, allowed in (("color", color, COLORS), ("resize", resize, RESIZES),
-                                    ("layout", layout, LAYOUTS)):
-            if value not in allowed:
-                problems.append(f"{pw}.{key}: {value!r} is not one of {', '.join(allowed)}")
         shape, _ = inputs[name]
         channels = None
         if len(shape) != 4 or shape[0] != 1:
             problems.append(f"{pw}: images feed a [1, C, H, W] or [1, H, W, C] input; "
                             f"{name} is {list(shape)}")
-        elif layout in LAYOUTS:
-            channels = shape[1] if layout == "NCHW" else shape[3]
-            want = 1 if color == "gray" else 3
-            if color in COLORS and channels != want:
-                problems.append(f"{pw}: color {color} gives {want} channel(s), input {name} "
-                                f"({layout}) has {channels}")
-        scale = number(body.get("scale", 1 / 255), f"{pw}.scale", problems)
-        pad = number(body.get("pad", 0.0), f"{pw}.pad", problems)
-        stats = {}
-        for key, default in (("mean", 0.0), ("std", 1.0)):
-            value = body.get(key, default)
-            values = value if isinstance(value, list) else [value]
-            nums = [number(v, f"{pw}.{key}", problems) for v in values]
-            if None in nums:
-                continue
-            if channels and len(nums) not in (1, channels):
+        elif body.layout is not None:
+            channels = shape[1] if body.layout == "NCHW" else shape[3]
+            want = 1 if body.color == "gray" else 3
+            if body.color is not None and channels != want:
+                problems.append(f"{pw}: color {body.color} gives {want} channel(s), input {name} "
+                                f"({body.layout}) has {channels}")
+        stats = {"mean": tuple(as_list(body.mean)), "std": tuple(as_list(body.std))}
+        for key, values in stats.items():
+            if channels and len(values) not in (1, channels):
                 problems.append(f"{pw}.{key}: give one value or {channels} (one per channel), "
-                                f"got {len(nums)}")
-            if key == "std" and any(v == 0 for v in nums):
-                problems.append(f"{pw}.std: must not be 0")
-            stats[key] = tuple(nums)
+                                f"got {len(values)}")
+        if any(v == 0 for v in stats["std"]):
+            problems.append(f"{pw}.std: must not be 0")
         if len(problems) == before:
-            out[name] = Preprocessing(name, color, resize, pad, scale, stats["mean"], stats["std"],
-                                      layout)
+            out[name] = Preprocessing(name, body.color, body.resize, body.pad, body.scale,
+                                      stats["mean"], stats["std"], body.layout)
     return out
 
 

@@ -1,19 +1,25 @@
-"""What every spec section shares: names, numbers, the problem list, YAML reading, tolerances.
+"""What every spec section shares: names, YAML reading, tolerances, and the typed documents.
 
-Spec parsing reports every problem at once, each naming the file and the key
-(`models/x/model.yaml: inputs.x.shape[0]: ...`): parsers append sentences to a `Problems` list
-and return None for the part they could not read, instead of raising at the first one.
+Each section declares its part of the YAML as a `Doc` (pydantic: strict types, no unknown key)
+beside the parser that turns it into a frozen spec. `validate` checks a whole document at once
+and reports every problem, each naming the file and the key
+(`models/x/model.yaml: inputs.x.shape[0]: ...`); the checks beyond structure (files, hashes, the
+model's own signature, data sets) then run on what is valid, so that they are reported in the
+same run. The JSON Schemas in docs/schema/ are exported from the same classes (schema.py).
 """
 from __future__ import annotations
 
+import copy
+import functools
 import re
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
-
-from ..core.errors import unknown_keys
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -23,13 +29,50 @@ except AttributeError:  # pragma: no cover - libyaml missing
     _Loader = yaml.SafeLoader
 
 
-
 def display(path: Path) -> str:
     """A path as shown in messages: relative to the working folder when under it."""
     try:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def read_yaml(path: Path, problems: list) -> Any:
+    try:
+        return yaml.load(path.read_text(), Loader=_Loader)
+    except (OSError, yaml.YAMLError) as exc:
+        problems.append(f"{path}: cannot read YAML: {str(exc).splitlines()[0]}")
+        return None
+
+
+# ----------------------------------------------------------------------------- documents
+class Doc(BaseModel):
+    """A mapping of a spec file: strict types (no "1" for 1, no 1 for true), no unknown key."""
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re",
+                              use_attribute_docstrings=True,  # they are the schema's descriptions
+                              model_title_generator=lambda cls: cls.__name__.removesuffix("Doc"))
+
+
+@dataclass(frozen=True)
+class Says:
+    """In `Annotated[...]`: the sentence for any problem with that value, instead of the generic
+    one; `{input}` is replaced by the value found."""
+    text: str
+
+
+def one_or_many(item):
+    """A value written either alone or as a list of them (`license: LICENSE` or `[A, B]`)."""
+    return Annotated[Union[Annotated[item, Tag("one")], Annotated[list[item], Tag("many")]],
+                     Discriminator(lambda v: "many" if isinstance(v, list) else "one")]
+
+
+def as_list(value) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+CLOSED = {"additionalProperties": False}  # a mapping whose names have a pattern: no other names
+Fraction = Annotated[float, Field(ge=0, le=1)]
+NonNegative = Annotated[float, Field(ge=0)]
 
 
 @dataclass(frozen=True)
@@ -42,24 +85,206 @@ class Tolerance:
         return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "cosine": self.cosine}
 
 
-class Problems(list):
-    def unknown(self, where: str, got: dict, allowed: set) -> None:
-        unknown_keys(self, where, got, allowed)
+class ToleranceDoc(Doc):
+    """How close an artifact's outputs must be to the golden outputs: all three must hold."""
+    max_abs: NonNegative
+    """the largest absolute difference of any output element"""
+    mean_abs: NonNegative
+    """the mean absolute difference over the output elements"""
+    cosine: Fraction
+    """the minimum cosine similarity of outputs and golden outputs"""
+
+    def spec(self) -> Tolerance:
+        return Tolerance(self.max_abs, self.mean_abs, self.cosine)
 
 
-def read_yaml(path: Path, problems: Problems) -> Any:
+def check_via(arch: str | None, via: str | None, where: str, problems: list) -> bool:
+    """A CPU ABI's run.via against its arch: python runs x86_64 here, qemu-user aarch64."""
+    if arch is None or via is None:
+        return False
+    if via == "qemu" and arch != "aarch64":
+        problems.append(f"{where}.run.via: qemu runs aarch64 artifacts only (arch is {arch!r})")
+    elif via == "python" and arch != "x86_64":
+        problems.append(f"{where}.run.via: python runs this machine's (x86_64) artifacts only")
+    else:
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------- validation
+def validate(doc: type[Doc], raw, where: str, problems: list):
+    """`raw` checked against `doc`, one problem per error appended. Returns the document; if it
+    has errors, what is valid in it (each invalid value replaced by None, see `_lenient`) for the
+    checks beyond structure; None if not even that (not a mapping at the top level)."""
     try:
-        return yaml.load(path.read_text(), Loader=_Loader)
-    except (OSError, yaml.YAMLError) as exc:
-        problems.append(f"{path}: cannot read YAML: {str(exc).splitlines()[0]}")
-        return None
+        return doc.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(_problem(doc, err, where) for err in exc.errors())
+    lenient, rest = _lenient(doc), copy.deepcopy(raw)
+    for _ in range(8):  # each round removes what it was told about: a few rounds at most
+        try:
+            return lenient.model_validate(rest)
+        except ValidationError as exc:
+            for err in exc.errors():
+                path = _walk(lenient, err["loc"])[0]
+                cut = next((i for i, key in enumerate(path) if isinstance(key, int)), None)
+                if (cut if cut is not None else len(path)) == 0:
+                    return None
+                _drop(rest, path[:cut], delete=cut is None and (
+                    err["type"] == "extra_forbidden" or "[key]" in err["loc"]))
+    return None
 
 
-def number(value, where: str, problems: Problems, kind=float, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        problems.append(f"{where}: expected a {'number' if kind is float else 'integer'}, got {value!r}")
-        return None
-    if minimum is not None and value < minimum:
-        problems.append(f"{where}: must be >= {minimum}, got {value!r}")
-        return None
-    return kind(value)
+def _drop(rest, path: tuple, delete: bool) -> None:
+    """Remove a key (unknown key, bad name) or set the value to None (a bad value: a list is
+    replaced as a whole, a shape without one dim is another shape)."""
+    for key in path[:-1]:
+        rest = rest.get(key) if isinstance(rest, dict) else None
+    if isinstance(rest, dict) and path[-1] in rest:
+        if delete:
+            del rest[path[-1]]
+        else:
+            rest[path[-1]] = None
+
+
+_TYPES = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
+          "bool_type": "true or false", "list_type": "a list", "dict_type": "a mapping",
+          "model_type": "a mapping", "model_attributes_type": "a mapping"}
+
+
+def _problem(doc: type[Doc], err: dict, where: str) -> str:
+    """One pydantic error as a problem: `<file>: <key.path>: <sentence>`."""
+    path, shown, model, tp, says = _walk(doc, err["loc"])
+    kind, ctx, value = err["type"], err.get("ctx", {}), err["input"]
+    got = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    if says:
+        text = says.text.replace("{input}", got)
+    elif kind in ("missing", "extra_forbidden"):
+        shown = shown[:-1]
+        text = (f"missing required key {path[-1]!r}" if kind == "missing" else
+                f"unknown key {path[-1]!r} (allowed: {', '.join(sorted(model.model_fields))})")
+    elif kind == "literal_error":
+        text = f"{got} is not one of {', '.join(map(str, get_args(tp)))}"
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        key = ctx["discriminator"].strip("'")
+        if kind == "union_tag_not_found":
+            text = f"missing required key {key!r}"
+        else:
+            shown = [*shown, f".{key}"]
+            text = f"expected one of {ctx['expected_tags'].replace(chr(39), '')}, got {ctx['tag']!r}"
+    elif kind in _TYPES:
+        text = f"expected {_TYPES[kind]}{'' if err['loc'] else ' at the top level'}, got {got}"
+    elif kind in ("greater_than_equal", "greater_than"):
+        text = f"must be {'>=' if 'ge' in ctx else '>'} {_num(ctx.get('ge', ctx.get('gt')))}, got {got}"
+    elif kind == "less_than_equal":
+        text = f"at most {_num(ctx['le'])}, got {got}"
+    elif kind == "too_short":
+        text = f"expected at least {ctx['min_length']} item(s), got {ctx['actual_length']}"
+    elif kind == "string_too_short":
+        text = "must not be empty"
+    elif kind == "string_pattern_mismatch":
+        text = f"{got} does not match {ctx['pattern']}"
+    else:
+        text = err["msg"]
+    key = "".join(shown).lstrip(".")
+    return f"{where}: {key}: {text}" if key else f"{where}: {text}"
+
+
+def _num(value) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _walk(doc: type[Doc], loc: tuple):
+    """An error's location walked through the document's types: the keys in the YAML (a union's
+    tag is none), those keys as shown (`.name`, `[0]`), the innermost Doc class on the way,
+    the type found there and its Says."""
+    path, shown, model, tp = [], [], doc, doc
+    items = list(loc)
+    while items:
+        item = items.pop(0)
+        tp, meta = _unwrap(tp)
+        origin = get_origin(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            model, field = tp, tp.model_fields.get(item)
+            tp = _annotation(field) if field else None
+        elif origin in (Union, types.UnionType):
+            tp = next((m for m in get_args(tp) if item in _tags(m, meta)), tp)
+            continue
+        elif origin is dict:
+            key_type, tp = get_args(tp)
+            if items[:1] == ["[key]"]:
+                items.pop(0)
+                tp = key_type
+        elif origin is list:
+            tp = get_args(tp)[0]
+        path.append(item)
+        shown.append(f"[{item}]" if origin is list else f".{item}")
+    tp, meta = _unwrap(tp)
+    return tuple(path), shown, model, tp, next((m for m in meta if isinstance(m, Says)), None)
+
+
+def _annotation(field: FieldInfo):
+    tp = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+    return Annotated[tp, Field(discriminator=field.discriminator)] if field.discriminator else tp
+
+
+def _unwrap(tp) -> tuple[Any, list]:
+    """Annotated and Optional taken off: the type and the metadata of the outermost Annotated
+    found (a union's discriminator, a Says)."""
+    meta = []
+    while True:
+        if get_origin(tp) is Annotated:
+            meta = [*tp.__metadata__, *meta]
+            tp = tp.__origin__
+        elif get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp):
+            rest = [a for a in get_args(tp) if a is not type(None)]
+            if len(rest) != 1:
+                return Union[tuple(rest)], meta
+            tp = rest[0]
+        else:
+            return tp, meta
+
+
+def _tags(member, union_meta: list) -> set:
+    """The tags by which a discriminated union picks `member`."""
+    tp, meta = _unwrap(member)
+    tags = {m.tag for m in meta if isinstance(m, Tag)}
+    key = next((m.discriminator for m in union_meta
+                if isinstance(m, FieldInfo) and isinstance(m.discriminator, str)), None)
+    if key and isinstance(tp, type) and issubclass(tp, BaseModel):
+        tags |= set(get_args(tp.model_fields[key].annotation))
+    elif key and get_origin(tp) in (Union, types.UnionType):
+        tags |= {t for m in get_args(tp) for t in _tags(m, union_meta)}
+    return tags
+
+
+@functools.cache
+def _lenient(doc: type[Doc]) -> type[Doc]:
+    """The twin of a document class where every field and every mapping value may be None:
+    what is left of a document once its invalid values are replaced by None validates with it.
+    A field of one possible value stays: it is what a discriminated union picks the class by."""
+    fields = {name: (Optional[_lenient_type(_annotation(f))], None if f.is_required() else f.default)
+              for name, f in doc.model_fields.items()
+              if not (get_origin(f.annotation) is Literal and len(get_args(f.annotation)) == 1)}
+    return create_model(doc.__name__, __base__=doc, **fields)
+
+
+def _lenient_type(tp):
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return Annotated[(_lenient_type(tp.__origin__), *tp.__metadata__)]
+    if isinstance(tp, type) and issubclass(tp, Doc):
+        return _lenient(tp)
+    if origin in (Union, types.UnionType):
+        return Union[tuple(_lenient_type(a) for a in args)]
+    if origin is dict:
+        return dict[args[0], Optional[_lenient_type(args[1])]]
+    if origin is list:
+        return list[_lenient_type(args[0])]
+    return tp
+
+
+def given(doc: Doc | None, key: str) -> bool:
+    """Whether the YAML sets `key` (a default is not given; a bad value, set to None, is)."""
+    return doc is not None and key in doc.model_fields_set
+

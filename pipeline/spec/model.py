@@ -9,16 +9,27 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from . import onnx_signature, shapes, sources
-from .common import NAME_RE, Problems, Tolerance, display, number, read_yaml
+from .calibration import PreprocessingDoc
+from .common import (NAME_RE, Doc, Says, Tolerance, ToleranceDoc, as_list, display, one_or_many,
+                     read_yaml, validate)
+from .shapes import Shapes
+from .ship import ModelShip
 from .ship import parse_model as parse_ship
+from .tvm import TvmDoc
 from .tvm import parse_model as parse_tvm
+from .variants import Variants
 from .variants import parse as parse_variants
-from ..core.errors import SpecError
+from ..core.errors import SpecError, unknown_keys
 from ..core.store import atomic_write_text, canonical_json, sha256_file
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+NonEmpty = Annotated[str, Field(pattern=r"\S"), Says("required, a non-empty string")]
 DEFAULT_OPSET = 17
 SIGNATURE_VERSION = 1
 
@@ -94,254 +105,250 @@ class ModelSpec:
                 + [p for v in self.variants for p in v.data_files()])
 
 
-_MODEL_KEYS = {"description", "source", "license", "inputs", "tolerance", "opset", "release", "skip",
-               "variants", "preprocessing", "shapes", "tvm", "ship"}
-_SOURCE_KEYS = {"path", "sha256"}
-_INPUT_KEYS = {"shape", "dtype", "test_data"}
-_TOLERANCE_KEYS = {"max_abs", "mean_abs", "cosine"}
-_RANDOM_KEYS = {"seed", "low", "high"}
-_RELEASE_KEYS = {"waivers", "io"}
-_WAIVER_KEYS = {"abi", "reason", "target", "status"}
-_IO_KEYS = {"inputs": {"layout", "preprocessing"}, "outputs": {"layout", "postprocessing"}}
+# ----------------------------------------------------------------------------- model.yaml
+def _text(value):
+    """YAML reads a hash of digits only as a number: take it as text (a mismatch then says so)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+class SourceDoc(Doc):
+    """The model file the artifacts are built from."""
+    path: str
+    """relative to the model folder: an .onnx or .tflite file, or an NNEF graph folder"""
+    sha256: Annotated[str, BeforeValidator(_text)]
+    """sha256sum of the file (of an NNEF folder: see docs/sources.md); a mismatch is a spec error"""
+
+
+class RandomDoc(Doc):
+    """Uniform random test data."""
+    seed: Annotated[int, Field(ge=0)] = 0
+    low: float = 0.0
+    high: float = 1.0
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.low is not None and self.high is not None and self.high < self.low:
+            raise PydanticCustomError("range", "high ({high}) is below low ({low})",
+                                      {"high": self.high, "low": self.low})
+        return self
+
+
+class TestDataDoc(Doc):
+    """The input that golden outputs are computed and artifacts validated on: exactly one of
+    `random` and `file`."""
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1, "maxProperties": 1})
+    random: Optional[RandomDoc] = None
+    """uniform random values (default: seed 0, low 0, high 1)"""
+    file: str = None
+    """a .npy file in the model folder, an array of exactly the input's shape and dtype"""
+
+    @model_validator(mode="after")
+    def _one(self):
+        if len(self.model_fields_set) != 1:
+            raise PydanticCustomError("one_of", "expected exactly one of {random: {seed, low, "
+                                      "high}} or {file: sample.npy}")
+        return self
+
+
+Dim = Annotated[int, Field(gt=0),
+                Says("unbound dynamic dim {input}: every dim must be a positive integer")]
+
+
+class InputDoc(Doc):
+    """One input of the model, bound to a fixed shape."""
+    shape: list[Dim]
+    """every dim a positive integer (binds the model's dynamic dims)"""
+    dtype: Literal[DTYPES] = "float32"
+    """must be the model's"""
+    test_data: Optional[TestDataDoc] = None
+    """default: random: {seed: 0, low: 0, high: 1}"""
+
+
+class WaiverDoc(Doc):
+    """Ship an artifact whose validation status is not "passed" (recorded in the release)."""
+    abi: NonEmpty
+    reason: NonEmpty
+    target: str = None
+    """only on this target (default: every target)"""
+    status: str = None
+    """only with this validation status, e.g. twin-passed (default: any)"""
+
+
+class IoDoc(Doc):
+    """What the model file cannot say about one input or output."""
+    layout: str = None
+    """e.g. NCHW"""
+    preprocessing: str = None
+    """inputs: how the app makes the tensor"""
+    postprocessing: str = None
+    """outputs: how the app reads the tensor"""
+
+
+class ReleaseDoc(Doc):
+    """Read by `doit release` only."""
+    waivers: Optional[list[WaiverDoc]] = None
+    io: Optional[dict[str, IoDoc]] = None
+    """per input or output name of the model"""
+
+
+class ModelDoc(Doc):
+    """models/<name>/model.yaml: one model, the checks its artifacts must pass, its variants."""
+    model_config = ConfigDict(title="model.yaml")
+    description: str = ""
+    """one line for people"""
+    source: SourceDoc
+    """the model file and its sha256"""
+    license: Optional[one_or_many(str)] = None
+    """a file name or a list of them, in the model folder; they ship in releases"""
+    inputs: dict[str, InputDoc]
+    """every model input, by name"""
+    tolerance: ToleranceDoc
+    """how close every artifact's outputs must be to the golden outputs"""
+    opset: Annotated[int, Field(ge=11)] = DEFAULT_OPSET
+    """ONNX opset the model is upgraded to before compiling"""
+    release: Optional[ReleaseDoc] = None
+    """the I/O contract the model file cannot say, and waivers: read by `doit release`"""
+    skip: Optional[dict[str, Annotated[str, Field(pattern=r"\S"), Says(
+        "expected why this model is not built for these ABIs, got {input}: a skip without a "
+        "reason is not allowed")]]] = None
+    """ABI name pattern (fnmatch, e.g. 'vulkan-*') -> why this model is not built for it"""
+    preprocessing: Optional[dict[str, PreprocessingDoc]] = None
+    """input name -> how an image of a data set becomes that input (see docs/variants.md)"""
+    variants: Optional[Variants] = None
+    """precision variants by name, each built as <model>.<name> (see docs/variants.md)"""
+    shapes: Optional[Shapes] = None
+    """more fixed input shapes by name, each built as <model>.<name>"""
+    tvm: Optional[TvmDoc] = None
+    """TVM tuning budgets and pinned databases per target (see docs/tvm.md)"""
+    ship: Optional[ModelShip] = None
+    """target -> {slot: the ABI that ships}, e.g. {rk3588: {cpu: cpu-aarch64-tvm}}"""
 
 
 def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[ModelSpec] | None, list[str]]:
     """Parse and check one model spec; returns ([spec, its shape variants...] or None, problems)."""
-    problems = Problems()
-    name = spec_path.parent.name
+    problems = []
+    name, folder = spec_path.parent.name, spec_path.parent
     where = display(spec_path)
     if not NAME_RE.match(name):
-        problems.append(f"{spec_path.parent}: model folder name must match {NAME_RE.pattern}")
+        problems.append(f"{folder}: model folder name must match {NAME_RE.pattern}")
     raw = read_yaml(spec_path, problems)
     if raw is None:
         return None, problems or [f"{where}: empty file"]
-    if not isinstance(raw, dict):
-        return None, [f"{where}: expected a mapping at the top level"]
-    problems.unknown(where, raw, _MODEL_KEYS)
-    for key in ("source", "inputs", "tolerance"):
-        if key not in raw:
-            problems.append(f"{where}: missing required key {key!r}")
-
-    # source
-    source, source_sha = None, None
-    src = raw.get("source")
-    if src is not None:
-        if not isinstance(src, dict):
-            problems.append(f"{where}: source: expected a mapping with path and sha256")
-        else:
-            problems.unknown(f"{where}: source", src, _SOURCE_KEYS)
-            for key in sorted(_SOURCE_KEYS - set(src)):
-                problems.append(f"{where}: source: missing required key {key!r}")
-            if "path" in src:
-                source = (spec_path.parent / str(src["path"])).resolve()
-                if not source.exists():
-                    problems.append(f"{where}: source.path: file not found: {source}")
-                    source = None
-                elif sources.source_format(source) is None:
-                    problems.append(f"{where}: source.path: a source is an .onnx or .tflite file or "
-                                    f"an NNEF graph folder (got {source.suffix or 'no extension'})")
-                    source = None
-            if source is not None and "sha256" in src:
-                actual = sources.source_sha256(source)
-                if str(src["sha256"]).lower() != actual:
-                    problems.append(f"{where}: source.sha256: mismatch for {source.name}: spec says "
-                                    f"{src['sha256']}, file is {actual}")
-                    source = None
-                else:
-                    source_sha = actual
-
-    # licenses
-    licenses = []
-    lic = raw.get("license", [])
-    for item in ([lic] if isinstance(lic, str) else lic or []):
-        path = spec_path.parent / str(item)
+    doc = validate(ModelDoc, raw, where, problems)
+    if doc is None:
+        return None, problems
+    source, source_sha = _source(doc.source, folder, where, problems)
+    licenses = [folder / item for item in as_list(doc.license)]
+    for path in licenses:
         if not path.is_file():
             problems.append(f"{where}: license: file not found: {path}")
-        licenses.append(path)
-
-    # tolerance
-    tolerance = None
-    tol = raw.get("tolerance")
-    if tol is not None:
-        if not isinstance(tol, dict):
-            problems.append(f"{where}: tolerance: expected a mapping")
-        else:
-            problems.unknown(f"{where}: tolerance", tol, _TOLERANCE_KEYS)
-            vals = {}
-            for key in sorted(_TOLERANCE_KEYS):
-                if key not in tol:
-                    problems.append(f"{where}: tolerance: missing required key {key!r}")
-                else:
-                    vals[key] = number(tol[key], f"{where}: tolerance.{key}", problems, minimum=0)
-            if "cosine" in vals and vals["cosine"] is not None and vals["cosine"] > 1:
-                problems.append(f"{where}: tolerance.cosine: a cosine similarity is at most 1")
-            if len(vals) == 3 and None not in vals.values():
-                tolerance = Tolerance(**vals)
-
-    opset = raw.get("opset", DEFAULT_OPSET)
-    opset = number(opset, f"{where}: opset", problems, kind=int, minimum=11)
-
-    # inputs
     inputs = []
-    ins = raw.get("inputs")
-    if ins is not None and not isinstance(ins, dict):
-        problems.append(f"{where}: inputs: expected a mapping of input name -> shape, dtype")
-        ins = None
-    for in_name, body in (ins or {}).items():
-        iw = f"{where}: inputs.{in_name}"
-        if not isinstance(body, dict):
-            problems.append(f"{iw}: expected a mapping with shape and dtype")
-            continue
-        problems.unknown(iw, body, _INPUT_KEYS)
-        shape = body.get("shape")
-        if not isinstance(shape, list) or not shape and shape != []:
-            problems.append(f"{iw}.shape: expected a list of positive integers, got {shape!r}")
-            shape = None
-        else:
-            for k, dim in enumerate(shape):
-                if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-                    problems.append(f"{iw}.shape[{k}]: unbound dynamic dim {dim!r}: every dim "
-                                    f"must be a positive integer")
-                    shape = None
-                    break
-        dtype = body.get("dtype", "float32")
-        if dtype not in DTYPES:
-            problems.append(f"{iw}.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-        test_data = _test_data(body.get("test_data"), spec_path, iw, problems)
-        if shape is not None and dtype in DTYPES and test_data is not None:
-            inputs.append(InputSpec(str(in_name), tuple(shape), dtype, test_data))
+    for in_name, body in (doc.inputs or {}).items():
+        if body is not None and body.shape is not None and body.dtype is not None:
+            test_data = _test_data(body.test_data, folder, f"{where}: inputs.{in_name}", problems)
+            if test_data is not None:
+                inputs.append(InputSpec(in_name, tuple(body.shape), body.dtype, test_data))
+    tolerance = doc.tolerance.spec() if doc.tolerance else None
 
     # against the model itself
+    declared = list(doc.inputs or {})
     signature = {}
-    if source is not None and source_sha is not None:
+    if source is not None:
         signature = model_signature(source, source_sha, memo_dir)
         fmt = sources.source_format(source)
         if "error" in signature:
             problems.append(f"{where}: source.path: {source.name} is not a readable "
                             f"{ {'onnx': 'ONNX model', 'tflite': 'TFLite model', 'nnef': 'NNEF graph'}[fmt]}: "
                             f"{signature['error']}")
-        elif ins is not None:
-            _check_against_model(signature, raw.get("inputs") or {}, inputs, where, problems)
-    release = _release(raw.get("release"), signature, where, problems)
-    skip = raw.get("skip") or {}
-    if not isinstance(skip, dict) or not all(isinstance(k, str) and isinstance(v, str) and v.strip()
-                                             for k, v in skip.items()):
-        problems.append(f"{where}: skip: expected a mapping of ABI name pattern -> the reason "
-                        f"(e.g. 'vulkan-*': 'IREE miscompiles ...'); a skip without a reason is "
-                        f"not allowed")
-        skip = {}
-    preprocessing, variants = parse_variants(raw, spec_path.parent, inputs, tolerance, where, problems)
-    tvm = parse_tvm(raw.get("tvm"), spec_path.parent, where, problems)
-    ship = parse_ship(raw.get("ship"), where, problems)
-
-    shape_variants = shapes.parse(raw.get("shapes"), raw.get("inputs") or {}, where, problems)
+        elif doc.inputs is not None:
+            _check_against_model(signature, declared, inputs, where, problems)
+    release = _release(doc.release, signature, where, problems)
+    preprocessing, variants = parse_variants(doc.preprocessing, doc.variants, folder,
+                                             {n: None for n in declared} | {
+                                                 i.name: (i.shape, i.dtype) for i in inputs},
+                                             tolerance, where, problems)
+    tvm = parse_tvm(doc.tvm, folder, where, problems)
+    shape_variants = shapes.parse(doc.shapes, declared, where, problems)
     if "error" not in signature:
-        shapes.check(signature, raw.get("inputs") or {}, inputs, shape_variants, where, problems,
+        shapes.check(signature, declared, inputs, shape_variants, where, problems,
                      _check_against_model)
     if problems:
         return None, list(problems)
     spec = ModelSpec(name=name, spec_path=spec_path.resolve(), source=source,
                      source_sha256=source_sha, inputs=tuple(inputs), tolerance=tolerance,
-                     opset=opset, description=str(raw.get("description", "")),
+                     opset=doc.opset, description=doc.description,
                      licenses=tuple(p.resolve() for p in licenses), signature=signature,
                      release=release, skip=tuple(sorted((k, " ".join(v.split()))
-                                                        for k, v in skip.items())),
+                                                        for k, v in (doc.skip or {}).items())),
                      variants=variants, preprocessing=preprocessing,
-                     source_format=sources.source_format(source), tvm=tvm, ship=ship)
+                     source_format=sources.source_format(source), tvm=tvm,
+                     ship=parse_ship(doc.ship))
     return shapes.expand(spec, shape_variants), []
 
 
-def _release(raw, signature: dict, where: str, problems: Problems) -> dict:
-    """The optional `release:` section: waivers for artifacts not validated on their own bytes,
-    and the I/O contract that the model file cannot say (layout, pre/postprocessing) per tensor:
+def _source(doc: SourceDoc | None, folder: Path, where: str, problems: list):
+    """(the source, its sha256) if it exists, is a source and matches its sha256, else Nones."""
+    if doc is None or doc.path is None:
+        return None, None
+    source = (folder / doc.path).resolve()
+    if not source.exists():
+        problems.append(f"{where}: source.path: file not found: {source}")
+    elif sources.source_format(source) is None:
+        problems.append(f"{where}: source.path: a source is an .onnx or .tflite file or "
+                        f"an NNEF graph folder (got {source.suffix or 'no extension'})")
+    elif doc.sha256 is not None:
+        actual = sources.source_sha256(source)
+        if doc.sha256.lower() == actual:
+            return source, actual
+        problems.append(f"{where}: source.sha256: mismatch for {source.name}: spec says "
+                        f"{doc.sha256}, file is {actual}")
+    return None, None
 
-        release:
-          waivers: [{abi: NAME, reason: TEXT, target: NAME?, status: twin-passed?}]
-          io: {x: {layout: NCHW, preprocessing: TEXT}, y: {layout: NC, postprocessing: TEXT}}
-    """
-    where = f"{where}: release"
-    if raw is None:
-        return {"waivers": [], "io": {}}
-    if not isinstance(raw, dict):
-        problems.append(f"{where}: expected a mapping with waivers and/or io")
-        return {}
-    problems.unknown(where, raw, _RELEASE_KEYS)
-    waivers = raw.get("waivers") or []
-    if not isinstance(waivers, list):
-        problems.append(f"{where}.waivers: expected a list of {{abi, reason}} mappings")
-        waivers = []
-    for k, waiver in enumerate(waivers):
-        ww = f"{where}.waivers[{k}]"
-        if not isinstance(waiver, dict):
-            problems.append(f"{ww}: expected a mapping with abi and reason")
-            continue
-        problems.unknown(ww, waiver, _WAIVER_KEYS)
-        for key in ("abi", "reason"):
-            if not isinstance(waiver.get(key), str) or not waiver[key].strip():
-                problems.append(f"{ww}.{key}: required, a non-empty string")
-        for key in ("target", "status"):
-            if key in waiver and not isinstance(waiver[key], str):
-                problems.append(f"{ww}.{key}: expected a string, got {waiver[key]!r}")
-    io = raw.get("io") or {}
-    if not isinstance(io, dict):
-        problems.append(f"{where}.io: expected a mapping of tensor name -> layout, pre/postprocessing")
-        io = {}
+
+def _release(doc: ReleaseDoc | None, signature: dict, where: str, problems: list) -> dict:
+    """The optional `release:` section: waivers for artifacts not validated on their own bytes,
+    and the I/O contract that the model file cannot say (layout, pre/postprocessing) per tensor.
+    A tensor must be the model's; an input has no postprocessing, an output no preprocessing."""
+    io = (doc.io if doc else None) or {}
     kinds = {t["name"]: kind for kind in _IO_KEYS for t in signature.get(kind, [])}
     for name, body in io.items():
-        iw = f"{where}.io.{name}"
+        iw = f"{where}: release.io.{name}"
         if signature and name not in kinds:
             problems.append(f"{iw}: the model has no input or output named {name!r} "
                             f"(it has: {', '.join(kinds)})")
-        elif not isinstance(body, dict) or not all(isinstance(v, str) for v in body.values()):
-            problems.append(f"{iw}: expected a mapping of strings (layout, pre/postprocessing)")
-        elif name in kinds:
-            problems.unknown(iw, body, _IO_KEYS[kinds[name]])
-    return {"waivers": [dict(w) for w in waivers if isinstance(w, dict)],
-            "io": {str(k): dict(v) for k, v in io.items() if isinstance(v, dict)}}
+        elif body is not None and name in kinds:
+            unknown_keys(problems, iw, body.model_dump(exclude_none=True), _IO_KEYS[kinds[name]])
+    return {"waivers": [w.model_dump(exclude_none=True) for w in (doc.waivers if doc else None) or []
+                        if w is not None],
+            "io": {k: v.model_dump(exclude_none=True) for k, v in io.items() if v is not None}}
 
 
-def _test_data(raw, spec_path: Path, where: str, problems: Problems) -> TestData | None:
-    if raw is None:
-        return TestData("random", 0, 0.0, 1.0)
-    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in ("random", "file"):
-        problems.append(f"{where}.test_data: expected exactly one of "
-                        f"{{random: {{seed, low, high}}}} or {{file: sample.npy}}")
-        return None
-    kind, body = next(iter(raw.items()))
-    if kind == "file":
-        path = (spec_path.parent / str(body)).resolve()
-        if not path.is_file():
-            problems.append(f"{where}.test_data.file: file not found: {path}")
-            return None
-        if path.suffix != ".npy":
-            problems.append(f"{where}.test_data.file: expected a .npy file, got {path.name}")
-            return None
+_IO_KEYS = {"inputs": {"layout", "preprocessing"}, "outputs": {"layout", "postprocessing"}}
+
+
+def _test_data(doc: TestDataDoc | None, folder: Path, where: str, problems: list) -> TestData | None:
+    if doc is None or doc.file is None:
+        r = (doc.random if doc else None) or RandomDoc()
+        return TestData("random", r.seed, r.low, r.high)
+    path = (folder / doc.file).resolve()
+    if not path.is_file():
+        problems.append(f"{where}.test_data.file: file not found: {path}")
+    elif path.suffix != ".npy":
+        problems.append(f"{where}.test_data.file: expected a .npy file, got {path.name}")
+    else:
         return TestData("file", file=path)
-    body = body or {}
-    if not isinstance(body, dict):
-        problems.append(f"{where}.test_data.random: expected a mapping with seed, low, high")
-        return None
-    problems.unknown(f"{where}.test_data.random", body, _RANDOM_KEYS)
-    seed = number(body.get("seed", 0), f"{where}.test_data.random.seed", problems, kind=int, minimum=0)
-    low = number(body.get("low", 0.0), f"{where}.test_data.random.low", problems)
-    high = number(body.get("high", 1.0), f"{where}.test_data.random.high", problems)
-    if None in (seed, low, high):
-        return None
-    if high < low:
-        problems.append(f"{where}.test_data.random: high ({high}) is below low ({low})")
-        return None
-    return TestData("random", seed, low, high)
+    return None
 
 
-def _check_against_model(signature: dict, raw_inputs: dict, inputs: list[InputSpec], where: str,
-                         problems: Problems) -> None:
+def _check_against_model(signature: dict, declared: list[str], inputs: list[InputSpec], where: str,
+                         problems: list) -> None:
     model_inputs = {i["name"]: i for i in signature["inputs"]}
-    for name in raw_inputs:
+    for name in declared:
         if name not in model_inputs:
             problems.append(f"{where}: inputs.{name}: the model has no input named {name!r} "
                             f"(it has: {', '.join(model_inputs)})")
     for name, info in model_inputs.items():
-        if name not in raw_inputs:
+        if name not in declared:
             dims = ["?" if d is None else d for d in info["dims"]]
             problems.append(f"{where}: inputs: model input {name!r} {dims} is not declared; "
                             f"bind its shape (every dynamic dim) under inputs.{name}.shape")

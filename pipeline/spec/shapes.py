@@ -20,42 +20,53 @@ pinned database (`tvm:`) are for its own shape: a shape variant's TVM artifacts 
 from __future__ import annotations
 
 import dataclasses
-import re
+from typing import Annotated
 
-VARIANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
+
+from .common import CLOSED, NAME_RE, Doc, Says
+
 SEP = "."  # not "@": iree-run-module cannot load a --module= path holding "@"
 
 
-def parse(raw, raw_inputs: dict, where: str, problems: list) -> dict:
+def _dims(value):
+    if not isinstance(value, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value):
+        raise PydanticCustomError("shape", "expected a list of positive integers (a shape binds "
+                                  "every dim), got {shape}", {"shape": repr(value)})
+    return value
+
+
+class ShapeInputDoc(Doc):
+    """A shape variant sets the shape only: dtype and test data are the model's."""
+    shape: Annotated[list[Annotated[int, Field(gt=0)]], BeforeValidator(_dims)]
+
+
+class ShapeDoc(Doc):
+    """One more fixed shape of the model: built and validated as `<model>.<shape>`."""
+    inputs: dict[str, ShapeInputDoc]
+    """the inputs whose shape differs from the model's"""
+
+
+Shapes = Annotated[dict[Annotated[str, Field(pattern=NAME_RE.pattern), Says(
+    f"a shape name must match {NAME_RE.pattern} (e.g. 480x640)")], ShapeDoc],
+                   Field(min_length=1, json_schema_extra=CLOSED)]
+
+
+def parse(doc: dict | None, declared: list[str], where: str, problems: list) -> dict:
     """{shape name: {input name: shape}} from the `shapes:` section; problems appended."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict) or not raw:
-        problems.append(f"{where}: shapes: expected a mapping of shape name -> "
-                        f"{{inputs: {{NAME: {{shape: [...]}}}}}}")
-        return {}
     out = {}
-    for name, body in raw.items():
-        vw = f"{where}: shapes.{name}"
-        if not isinstance(name, str) or not VARIANT_RE.match(name):
-            problems.append(f"{vw}: a shape name must match {VARIANT_RE.pattern} (e.g. 480x640)")
-            continue
-        if not isinstance(body, dict) or set(body) != {"inputs"} or not isinstance(body["inputs"], dict):
-            problems.append(f"{vw}: expected exactly {{inputs: {{NAME: {{shape: [...]}}}}}}")
+    for name, body in (doc or {}).items():
+        if body is None:
             continue
         shapes = {}
-        for in_name, ib in body["inputs"].items():
-            iw = f"{vw}.inputs.{in_name}"
-            if in_name not in raw_inputs:
-                problems.append(f"{iw}: not an input of the model spec (inputs: {', '.join(raw_inputs)})")
-            elif not isinstance(ib, dict) or set(ib) != {"shape"}:
-                problems.append(f"{iw}: a shape variant sets the shape only: expected {{shape: [...]}}")
-            elif not isinstance(ib["shape"], list) or not all(
-                    isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in ib["shape"]):
-                problems.append(f"{iw}.shape: expected a list of positive integers (a shape binds "
-                                f"every dim), got {ib['shape']!r}")
-            else:
-                shapes[in_name] = tuple(ib["shape"])
+        for in_name, ib in (body.inputs or {}).items():
+            if in_name not in declared:
+                problems.append(f"{where}: shapes.{name}.inputs.{in_name}: not an input of the "
+                                f"model spec (inputs: {', '.join(declared)})")
+            elif ib is not None and ib.shape is not None:
+                shapes[in_name] = tuple(ib.shape)
         out[name] = shapes
     return out
 
@@ -66,12 +77,12 @@ def bind(inputs, shapes: dict) -> dict:
             for v, bound in shapes.items()}
 
 
-def check(signature: dict, raw_inputs: dict, inputs, shapes: dict, where: str, problems: list,
+def check(signature: dict, declared: list[str], inputs, shapes: dict, where: str, problems: list,
           check_against_model) -> None:
     """Each shape against the model (rank, fixed dims): spec._check_against_model."""
     if signature and "inputs" in signature:
         for vname, bound in bind(inputs, shapes).items():
-            check_against_model(signature, raw_inputs, list(bound), f"{where}: shapes.{vname}", problems)
+            check_against_model(signature, declared, list(bound), f"{where}: shapes.{vname}", problems)
 
 
 def expand(spec, shapes: dict) -> list:

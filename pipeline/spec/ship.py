@@ -3,71 +3,61 @@ picks the one that ships) and a model's explicit choices. The choice itself: pip
 """
 from __future__ import annotations
 
-from ..core.errors import unknown_keys
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .common import Doc, Says
 
 POLICIES = ("prefer", "fastest-on-host")
-_SLOT_KEYS = {"abis", "policy", "proxies"}
 
 
-def parse_target(raw, abi_names: list[str], native: set[str], where: str, problems: list) -> tuple:
+class SlotDoc(Doc):
+    """ABIs of the target that stand for one device: one of them ships per model."""
+    abis: Annotated[list[str], Field(min_length=2), Says("expected a list of two or more ABI names")]
+    """in the order policy prefer tries them"""
+    policy: Literal[POLICIES] = "prefer"
+    """prefer: the first validated; fastest-on-host: the fastest validated here, measured"""
+    proxies: dict[str, Annotated[str, Field(pattern=r"^[^/]*/[^/]*$"), Says(
+        "expected TARGET/ABI (e.g. host/cpu-x86_64), got {input}")]] = {}
+    """ABI -> TARGET/ABI timed here in its place (fastest-on-host, for an ABI that does not run here)"""
+
+
+ModelShip = dict[str, dict[str, str]]  # target -> {slot: the ABI that ships}
+
+
+def parse_target(doc: dict | None, abi_names: list[str], native: set[str], where: str,
+                 problems: list) -> tuple:
     """The target's `ship:` slots as a tuple of dicts (name, abis, policy, proxies)."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict):
-        problems.append(f"{where}: ship: expected a mapping of slot name -> {{abis, policy}}")
-        return ()
     slots, taken = [], {}
-    for name, body in raw.items():
+    for name, body in (doc or {}).items():
         sw = f"{where}: ship.{name}"
-        if not isinstance(body, dict):
-            problems.append(f"{sw}: expected a mapping with abis and policy")
+        if body is None or body.abis is None:
             continue
-        unknown_keys(problems, sw, body, _SLOT_KEYS)
-        abis = body.get("abis")
-        if not isinstance(abis, list) or len(abis) < 2 or not all(isinstance(a, str) for a in abis):
-            problems.append(f"{sw}.abis: expected a list of two or more ABI names")
-            continue
-        for abi in abis:
+        for abi in body.abis:
             if abi not in abi_names:
                 problems.append(f"{sw}.abis: no ABI {abi!r} in this target (it has: "
                                 f"{', '.join(abi_names)})")
             elif abi in taken:
                 problems.append(f"{sw}.abis: {abi!r} is already in slot {taken[abi]!r}")
             taken.setdefault(abi, name)
-        policy = body.get("policy", "prefer")
-        if policy not in POLICIES:
-            problems.append(f"{sw}.policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
-        proxies = body.get("proxies", {})
-        if not isinstance(proxies, dict):
-            problems.append(f"{sw}.proxies: expected a mapping ABI -> TARGET/ABI")
-            proxies = {}
-        for abi, proxy in proxies.items():
-            if abi not in abis:
+        proxies = body.proxies or {}
+        for abi in proxies:
+            if abi not in body.abis:
                 problems.append(f"{sw}.proxies: {abi!r} is not one of this slot's abis")
-            if not isinstance(proxy, str) or proxy.count("/") != 1:
-                problems.append(f"{sw}.proxies.{abi}: expected TARGET/ABI (e.g. host/cpu-x86_64), "
-                                f"got {proxy!r}")
-        if policy == "fastest-on-host":
-            for abi in abis:
+        if body.policy == "fastest-on-host":
+            for abi in body.abis:
                 if abi not in native and abi not in proxies:
                     problems.append(f"{sw}.proxies: {abi!r} does not run on this machine: name "
                                     f"its host proxy (an ABI of the host target, same compiler)")
-        slots.append({"name": str(name), "abis": list(abis), "policy": policy,
-                      "proxies": {str(k): str(v) for k, v in proxies.items()}})
+        slots.append({"name": name, "abis": list(body.abis), "policy": body.policy,
+                      "proxies": dict(proxies)})
     return tuple(slots)
 
 
-def parse_model(raw, where: str, problems: list) -> dict:
+def parse_model(doc: dict | None) -> dict:
     """A model's explicit choices: {target: {slot: abi}} (checked against targets later)."""
-    if raw is None:
-        return {}
-    ok = isinstance(raw, dict) and all(
-        isinstance(t, dict) and all(isinstance(a, str) for a in t.values()) for t in raw.values())
-    if not ok:
-        problems.append(f"{where}: ship: expected {{target: {{slot: abi}}}}, e.g. "
-                        f"{{rk3588: {{cpu: cpu-aarch64-tvm}}}}")
-        return {}
-    return {str(t): {str(s): a for s, a in slots.items()} for t, slots in raw.items()}
+    return {t: dict(slots) for t, slots in (doc or {}).items()}
 
 
 def check_explicit(models, targets) -> list[str]:

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import ConfigDict, Field
 
 from ..core.errors import PipelineError, SpecError
 from ..core.store import sha256_file
-from .common import NAME_RE, Problems, display, read_yaml
+from .common import CLOSED, NAME_RE, Doc, Says, check_via, display, given, read_yaml, validate
+from .ship import SlotDoc
 from .ship import parse_target as parse_ship
+from .tvm import TvmAbiDoc
 from .tvm import parse_abi as parse_tvm_abi
 
 TARGETS_DIR = Path(__file__).resolve().parents[1] / "targets"
@@ -67,12 +72,74 @@ class TargetSpec:
         return self.abis + self.tvm_abis
 
 
-_TARGET_KEYS = {"description", "abis", "fallback", "ship"}
-_CPU_KEYS = {"compiler", "backend", "arch", "triple", "cpu", "cpu_features", "flags", "run"}
-_VULKAN_KEYS = {"compiler", "backend", "vulkan_target", "vulkan_features", "flags", "run"}
-_RUN_KEYS = {"llvm-cpu": {"via", "device", "qemu_cpu"}, "vulkan-spirv": {"via", "driver", "twin"}}
 _ARCHES = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
 BACKENDS = ("llvm-cpu", "vulkan-spirv")
+
+
+class CpuRunDoc(Doc):
+    """How the artifact is run here to validate it."""
+    via: Literal["python", "qemu"]
+    """python: this machine's IREE runtime (x86_64); qemu: the target's own runtime under qemu-user"""
+    device: str = "local-task"
+    """the IREE device"""
+    qemu_cpu: str = None
+    """qemu's -cpu (default max)"""
+
+
+class VulkanRunDoc(Doc):
+    """How the artifact is validated here."""
+    via: Literal["vulkan", "twin"]
+    """vulkan: run the artifact itself on the driver; twin: it cannot run here, validate a twin
+    compiled for run.twin from the same static model"""
+    driver: str = "lavapipe"
+    twin: str = None
+    """twin only: the IREE Vulkan target of the runnable twin, e.g. llvmpipe"""
+
+
+class CpuAbiDoc(Doc):
+    """An ABI built by IREE for a CPU."""
+    compiler: Literal["iree"]
+    backend: Literal["llvm-cpu"]
+    arch: Literal[tuple(_ARCHES)]
+    triple: str = None
+    """default from arch"""
+    cpu: str
+    """LLVM CPU name, e.g. cortex-a55 (never one newer than the device's)"""
+    cpu_features: list[str] = []
+    flags: list[str] = []
+    """more iree-compile flags"""
+    run: CpuRunDoc
+
+
+class VulkanAbiDoc(Doc):
+    """An ABI built by IREE for a Vulkan GPU (SPIR-V)."""
+    compiler: Literal["iree"]
+    backend: Literal["vulkan-spirv"]
+    vulkan_target: Annotated[str, Field(min_length=1)]
+    """an IREE Vulkan target name, e.g. valhall3 for the Mali-G610"""
+    vulkan_features: str = None
+    """replaces the target's SPIR-V version and capabilities, e.g. spirv:v1.3,cap:Shader"""
+    flags: list[str] = []
+    """more iree-compile flags"""
+    run: VulkanRunDoc
+
+
+Abi = Annotated[Union[Annotated[Union[CpuAbiDoc, VulkanAbiDoc], Field(discriminator="backend")],
+                      TvmAbiDoc], Field(discriminator="compiler")]
+
+
+class TargetDoc(Doc):
+    """pipeline/targets/<name>.yaml: a device, the ABIs built for it, the order an app tries them."""
+    model_config = ConfigDict(title="target")
+    description: str = ""
+    """one line for people"""
+    abis: Annotated[dict[Annotated[str, Field(pattern=NAME_RE.pattern), Says(
+        f"ABI name must match {NAME_RE.pattern}")], Abi], Field(min_length=1, json_schema_extra=CLOSED)]
+    """ABI name -> how it is compiled and run"""
+    fallback: list[str] = None
+    """every ABI exactly once, in the order an app tries them (default: as listed)"""
+    ship: Optional[dict[str, SlotDoc]] = None
+    """slot name -> ABIs that stand for one device, one of which ships per model"""
 
 
 def known_targets(targets_dir: Path = TARGETS_DIR) -> list[str]:
@@ -87,108 +154,49 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> TargetSpec:
                             stage="spec", hint=f"say target=NAME with a known name, or add "
                                                f"{display(targets_dir / name)}.yaml")
     path = targets_dir / f"{name}.yaml"
-    problems = Problems()
+    problems = []
     raw = read_yaml(path, problems)
     where = display(path)
-    abis = []
-    fallback = ()
-    ship = ()
-    if isinstance(raw, dict):
-        problems.unknown(where, raw, _TARGET_KEYS)
-        if not isinstance(raw.get("abis"), dict) or not raw["abis"]:
-            problems.append(f"{where}: abis: expected a non-empty mapping of ABI name -> definition")
-        for abi_name, body in (raw.get("abis") or {}).items():
-            abi = _abi(str(abi_name), body, f"{where}: abis.{abi_name}", problems)
+    doc = None if problems else validate(TargetDoc, raw, where, problems)
+    abis, fallback, ship = [], (), ()
+    if doc is not None:
+        for abi_name, body in (doc.abis or {}).items():
+            abi = _abi(abi_name, body, f"{where}: abis.{abi_name}", problems)
             if abi:
                 abis.append(abi)
-        names = [a for a in (raw.get("abis") or {})] if isinstance(raw.get("abis"), dict) else []
-        fallback = raw.get("fallback", names)
-        if not isinstance(fallback, list) or sorted(map(str, fallback)) != sorted(names):
+        names = list(doc.abis or {})
+        fallback = names if doc.fallback is None and not given(doc, "fallback") else doc.fallback
+        if fallback is not None and sorted(fallback) != sorted(names):
             problems.append(f"{where}: fallback: must list every ABI exactly once, in the order an "
                             f"app should try them (ABIs: {', '.join(names)}; got {fallback!r})")
-        fallback = tuple(str(f) for f in fallback) if isinstance(fallback, list) else ()
         native = {a.name for a in abis if a.run.get("via") in ("python", "vulkan")}
-        ship = parse_ship(raw.get("ship"), names, native, where, problems)
-    elif not problems:
-        problems.append(f"{where}: expected a mapping at the top level")
+        ship = parse_ship(doc.ship, names, native, where, problems)
     if problems:
         raise SpecError(list(problems))
-    return TargetSpec(name, str(raw.get("description", "")),
-                      tuple(a for a in abis if a.compiler == "iree"), fallback, path,
-                      sha256_file(path), tvm_abis=tuple(a for a in abis if a.compiler == "tvm"),
-                      ship=ship)
+    return TargetSpec(name, doc.description, tuple(a for a in abis if a.compiler == "iree"),
+                      tuple(fallback), path, sha256_file(path),
+                      tvm_abis=tuple(a for a in abis if a.compiler == "tvm"), ship=ship)
 
 
-def _strings(body: dict, key: str, where: str, problems: Problems) -> tuple[str, ...]:
-    value = body.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        problems.append(f"{where}.{key}: expected a list of strings")
-        return ()
-    return tuple(value)
-
-
-def _abi(name: str, body, where: str, problems: Problems) -> AbiSpec | None:
-    if not NAME_RE.match(name):
-        problems.append(f"{where}: ABI name must match {NAME_RE.pattern}")
-    if not isinstance(body, dict):
-        problems.append(f"{where}: expected a mapping")
+def _abi(name: str, doc, where: str, problems: list):
+    """An ABI of the target as AbiSpec (IREE) or TvmAbi, or None (problems appended)."""
+    if isinstance(doc, TvmAbiDoc):
+        return parse_tvm_abi(name, doc, where, problems)
+    if doc is None or doc.run is None:
         return None
-    if body.get("compiler") == "tvm":
-        return parse_tvm_abi(name, body, where, problems)
-    before = len(problems)
-    backend = body.get("backend")
-    if body.get("compiler") != "iree":
-        problems.append(f"{where}.compiler: expected 'iree' or 'tvm', got {body.get('compiler')!r}")
-    if backend not in BACKENDS:
-        problems.append(f"{where}.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-        return None
-    problems.unknown(where, body, _CPU_KEYS if backend == "llvm-cpu" else _VULKAN_KEYS)
-    run = body.get("run")
-    if not isinstance(run, dict):
-        problems.append(f"{where}.run: expected a mapping saying how to run the artifact here")
-        run = {}
-    problems.unknown(f"{where}.run", run, _RUN_KEYS[backend])
-    flags = _strings(body, "flags", where, problems)
-    if backend == "llvm-cpu":
-        for key in ("arch", "cpu"):
-            if key not in body:
-                problems.append(f"{where}: missing required key {key!r}")
-        arch = body.get("arch")
-        if arch is not None and arch not in _ARCHES:
-            problems.append(f"{where}.arch: {arch!r} is not one of {', '.join(_ARCHES)}")
-        via = run.get("via")
-        if via not in ("python", "qemu"):
-            problems.append(f"{where}.run.via: expected 'python' (this machine's IREE runtime) or "
-                            f"'qemu' (the target's own runtime under qemu-user), got {via!r}")
-        if via == "qemu" and arch != "aarch64":
-            problems.append(f"{where}.run.via: qemu runs aarch64 artifacts only (arch is {arch!r})")
-        if via == "python" and arch != "x86_64":
-            problems.append(f"{where}.run.via: python runs this machine's (x86_64) artifacts only")
-        features = _strings(body, "cpu_features", where, problems)
-        if len(problems) > before:
+    run = doc.run
+    if isinstance(doc, CpuAbiDoc):
+        if not check_via(doc.arch, run.via, where, problems) or doc.cpu is None:
             return None
-        return AbiSpec(name=name, compiler="iree", backend=backend, flags=flags,
-                       arch=arch, triple=body.get("triple", _ARCHES[arch]), cpu=str(body["cpu"]),
-                       cpu_features=features,
-                       run={"via": via, "device": run.get("device", "local-task"),
-                            **({"qemu_cpu": run.get("qemu_cpu", "max")} if via == "qemu" else {})})
-    # vulkan-spirv
-    target = body.get("vulkan_target")
-    if not isinstance(target, str) or not target:
-        problems.append(f"{where}: missing required key 'vulkan_target' (an IREE Vulkan target "
-                        f"name, e.g. valhall3 for the Mali-G610)")
-    features = body.get("vulkan_features")
-    if features is not None and not isinstance(features, str):
-        problems.append(f"{where}.vulkan_features: expected a string such as 'spirv:v1.3,cap:Shader'")
-    via = run.get("via")
-    if via not in ("vulkan", "twin"):
-        problems.append(f"{where}.run.via: expected 'vulkan' (run the artifact itself here) or "
-                        f"'twin' (validate a twin built for run.twin), got {via!r}")
-    if via == "twin" and not isinstance(run.get("twin"), str):
+        return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
+                       arch=doc.arch, triple=doc.triple or _ARCHES[doc.arch], cpu=doc.cpu,
+                       cpu_features=tuple(doc.cpu_features or ()),
+                       run={"via": run.via, "device": run.device,
+                            **({"qemu_cpu": run.qemu_cpu or "max"} if run.via == "qemu" else {})})
+    if run.via == "twin" and run.twin is None:
         problems.append(f"{where}.run.twin: name the Vulkan target of the runnable twin (e.g. llvmpipe)")
-    driver = run.get("driver", "lavapipe")
-    if len(problems) > before:
         return None
-    return AbiSpec(name=name, compiler="iree", backend=backend, flags=flags,
-                   vulkan_target=target, vulkan_features=features,
-                   run={"via": via, "driver": driver, **({"twin": run["twin"]} if via == "twin" else {})})
+    return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
+                   vulkan_target=doc.vulkan_target, vulkan_features=doc.vulkan_features,
+                   run={"via": run.via, "driver": run.driver,
+                        **({"twin": run.twin} if run.via == "twin" else {})})

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal, Optional, Union
 
-from ..core.errors import unknown_keys
+from pydantic import Discriminator, Field, Tag
+
+from .common import Doc, Says, check_via
 
 DATABASE = ("database_workload.json", "database_tuning_record.json")
 DATABASE_FILES = (*DATABASE, "tune.json")   # what a pinned database folder holds
 _ARCHES = {"aarch64": ("aarch64-linux-gnu", "aarch64-linux-gnu-g++"),
            "x86_64": ("x86_64-linux-gnu", "g++")}
-_KEYS = {"compiler", "arch", "triple", "cpu", "cpu_features", "num_cores", "run", "tune"}
-_RUN_KEYS = {"via", "qemu_cpu"}
-_TUNE_KEYS = {"trials", "per_task", "in_build"}
-_FARM_KEYS = {"tracker", "key"}
-_TVM_KEYS = {"tune", "database"}
 
 
 @dataclass(frozen=True)
@@ -70,102 +68,97 @@ class TvmAbi:
                 "linker": self.cross_compiler}
 
 
-def parse_abi(name: str, body: dict, where: str, problems: list) -> TvmAbi | None:
+# ----------------------------------------------------------------------------- target
+class TvmRunDoc(Doc):
+    """How the artifact is run here to validate it."""
+    via: Literal["python", "qemu"]
+    """python: this machine's TVM runtime (x86_64); qemu: the aarch64 TVM runtime under qemu-user"""
+    qemu_cpu: str = None
+    """qemu's -cpu (default max)"""
+
+
+class FarmDoc(Doc):
+    """Where `doit tune` measures: boards registered with an RPC tracker."""
+    tracker: Annotated[str, Field(pattern=r"^.+:[0-9]+$"), Says("expected HOST:PORT, got {input}")] = None
+    key: str = None
+    """the boards' key at the tracker"""
+
+
+class TvmAbiDoc(Doc):
+    """An ABI built by TVM (Relax -> a .so) for an LLVM CPU target."""
+    compiler: Literal["tvm"]
+    arch: Literal[tuple(_ARCHES)]
+    triple: str = None
+    """default from arch"""
+    cpu: Annotated[str, Field(min_length=1)]
+    """LLVM -mcpu, e.g. cortex-a55"""
+    cpu_features: list[Annotated[str, Field(pattern=r"^[+-]"), Says(
+        "expected an LLVM attribute such as '+neon', got {input}")]] = []
+    """LLVM -mattr"""
+    num_cores: Annotated[int, Field(ge=1)] = 1
+    """MetaSchedule's parallelism hint"""
+    run: TvmRunDoc
+    tune: Optional[FarmDoc] = None
+
+
+def parse_abi(name: str, doc: TvmAbiDoc, where: str, problems: list) -> TvmAbi | None:
     """A `compiler: tvm` ABI of a target YAML; problems are appended, one sentence each."""
-    before = len(problems)
-    for key in sorted(set(body) - _KEYS):
-        problems.append(f"{where}: unknown key {key!r} for a TVM ABI (allowed: "
-                        f"{', '.join(sorted(_KEYS))})")
-    arch = body.get("arch")
-    if arch not in _ARCHES:
-        problems.append(f"{where}.arch: expected one of {', '.join(_ARCHES)}, got {arch!r}")
-    cpu = body.get("cpu")
-    if not isinstance(cpu, str) or not cpu:
-        problems.append(f"{where}: missing required key 'cpu' (an LLVM CPU name, e.g. cortex-a55)")
-    features = body.get("cpu_features", [])
-    if not isinstance(features, list) or not all(isinstance(f, str) and f[:1] in "+-" for f in features):
-        problems.append(f"{where}.cpu_features: expected a list of LLVM attributes such as '+neon'")
-    cores = body.get("num_cores", 1)
-    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-        problems.append(f"{where}.num_cores: expected a positive integer, got {cores!r}")
-    run = body.get("run")
-    if not isinstance(run, dict):
-        problems.append(f"{where}.run: expected a mapping saying how to run the artifact here")
-        run = {}
-    unknown_keys(problems, f"{where}.run", run, _RUN_KEYS)
-    via = run.get("via")
-    if via not in ("python", "qemu"):
-        problems.append(f"{where}.run.via: expected 'python' (this machine's TVM runtime) or 'qemu' "
-                        f"(the aarch64 TVM runtime under qemu-user), got {via!r}")
-    elif via == "qemu" and arch != "aarch64":
-        problems.append(f"{where}.run.via: qemu runs aarch64 artifacts only (arch is {arch!r})")
-    elif via == "python" and arch != "x86_64":
-        problems.append(f"{where}.run.via: python runs this machine's (x86_64) artifacts only")
-    tune = body.get("tune", {})
-    if not isinstance(tune, dict):
-        problems.append(f"{where}.tune: expected a mapping with tracker and key")
-        tune = {}
-    for key in sorted(set(tune) - _FARM_KEYS):
-        problems.append(f"{where}.tune: unknown key {key!r} (allowed: tracker, key)")
-    if "tracker" in tune and not _is_address(tune["tracker"]):
-        problems.append(f"{where}.tune.tracker: expected HOST:PORT, got {tune['tracker']!r}")
-    if len(problems) > before:
+    run = doc.run
+    if run is None or not check_via(doc.arch, run.via, where, problems) or None in (
+            doc.arch, doc.cpu, doc.cpu_features, doc.num_cores):
         return None
-    run_cfg = {"via": via, "device": "cpu"}
-    if via == "qemu":
-        run_cfg["qemu_cpu"] = str(run.get("qemu_cpu", "max"))
-    return TvmAbi(name=name, arch=arch, triple=str(body.get("triple", _ARCHES[arch][0])),
-                  cpu=cpu, cpu_features=tuple(features), num_cores=cores, run=run_cfg,
-                  tune={k: str(v) for k, v in tune.items()})
+    run_cfg = {"via": run.via, "device": "cpu"}
+    if run.via == "qemu":
+        run_cfg["qemu_cpu"] = run.qemu_cpu or "max"
+    return TvmAbi(name=name, arch=doc.arch, triple=doc.triple or _ARCHES[doc.arch][0],
+                  cpu=doc.cpu, cpu_features=tuple(doc.cpu_features), num_cores=doc.num_cores,
+                  run=run_cfg, tune=doc.tune.model_dump(exclude_none=True) if doc.tune else {})
 
 
-def _is_address(value) -> bool:
-    host, _, port = str(value).rpartition(":")
-    return bool(host) and port.isdigit()
+# ----------------------------------------------------------------------------- model.yaml
+class TuneDoc(Doc):
+    """A MetaSchedule budget."""
+    trials: Annotated[int, Field(ge=0)] = 0
+    """in all (0: not tuned)"""
+    per_task: Annotated[int, Field(ge=0)] = None
+    """at most this many per task (default: trials)"""
+    in_build: bool = False
+    """tune during `doit build` (default: only `doit tune` tunes)"""
 
 
-def parse_model(raw, model_dir: Path, where: str, problems: list) -> dict:
+Budget = Annotated[Union[Annotated[int, Field(ge=0), Tag("trials")],
+                         Annotated[TuneDoc, Tag("budget")]],
+                   Discriminator(lambda v: "budget" if isinstance(v, dict) else "trials")]
+
+
+class TvmDoc(Doc):
+    """The model's TVM tuning budgets and pinned tuning databases, per target."""
+    tune: Optional[dict[str, Budget]] = None
+    """target -> {trials, per_task, in_build}, or a number of trials"""
+    database: Optional[dict[str, str]] = None
+    """target -> a folder (in the model folder) holding the database `doit tune ... pin=1` made"""
+
+
+def parse_model(doc: TvmDoc | None, model_dir: Path, where: str, problems: list) -> dict:
     """A model's `tvm:` section -> {"tune": {target: {...}}, "database": {target: Path}}."""
     out = {"tune": {}, "database": {}}
-    if raw is None:
-        return out
-    if not isinstance(raw, dict):
-        problems.append(f"{where}: tvm: expected a mapping with tune and/or database")
-        return out
-    unknown_keys(problems, f"{where}: tvm", raw, _TVM_KEYS)
-    tune = raw.get("tune") or {}
-    if not isinstance(tune, dict):
-        problems.append(f"{where}: tvm.tune: expected a mapping of target -> {{trials, per_task}}")
-        tune = {}
-    for target, body in tune.items():
-        tw = f"{where}: tvm.tune.{target}"
-        if isinstance(body, int) and not isinstance(body, bool):
-            body = {"trials": body}
-        if not isinstance(body, dict):
-            problems.append(f"{tw}: expected {{trials: N, per_task: K}} or a number of trials")
+    for target, body in ((doc.tune if doc else None) or {}).items():
+        body = TuneDoc(trials=body) if isinstance(body, int) else body
+        if body is not None and body.trials and body.in_build is not None:
+            per_task = body.trials if body.per_task is None else body.per_task
+            out["tune"][target] = {"trials": body.trials,
+                                   "per_task": max(1, min(per_task, body.trials)),
+                                   "in_build": body.in_build}
+    for target, folder in ((doc.database if doc else None) or {}).items():
+        if folder is None:
             continue
-        unknown_keys(problems, tw, body, _TUNE_KEYS)
-        trials, per_task = body.get("trials", 0), body.get("per_task", body.get("trials", 0))
-        for name, value in (("trials", trials), ("per_task", per_task)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                problems.append(f"{tw}.{name}: expected a whole number >= 0, got {value!r}")
-        if not isinstance(body.get("in_build", False), bool):
-            problems.append(f"{tw}.in_build: expected true or false")
-        if isinstance(trials, int) and trials > 0:
-            out["tune"][str(target)] = {"trials": trials, "per_task": max(1, min(per_task, trials)),
-                                        "in_build": bool(body.get("in_build", False))}
-    pins = raw.get("database") or {}
-    if not isinstance(pins, dict):
-        problems.append(f"{where}: tvm.database: expected a mapping of target -> folder")
-        pins = {}
-    for target, folder in pins.items():
-        path = (model_dir / str(folder)).resolve()
+        path = (model_dir / folder).resolve()
         missing = [n for n in DATABASE_FILES if not (path / n).is_file()]
         if missing:
             problems.append(f"{where}: tvm.database.{target}: {path} lacks {', '.join(missing)}")
-        elif str(target) not in out["tune"]:
+        elif target not in out["tune"]:
             problems.append(f"{where}: tvm.database.{target}: a pinned database needs a budget "
                             f"(tvm.tune.{target}) to say what it was tuned with")
         else:
-            out["database"][str(target)] = path
+            out["database"][target] = path
     return out

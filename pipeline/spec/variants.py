@@ -49,19 +49,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field
 
 from .calibration import Dataset, check_dataset_fits, list_dataset, parse_preprocessing
-from ..core.errors import unknown_keys
-from .common import NAME_RE, Tolerance, number
+from .common import CLOSED, NAME_RE, Doc, Fraction, NonNegative, Says, ToleranceDoc, given
 
 PRECISIONS = ("fp16", "int8")
 METHODS = ("minmax", "entropy", "percentile")
 IO_DTYPES = ("float32", "float16")
-_VARIANT_KEYS = {"precision", "calibration", "exclude_nodes", "io_dtype", "evaluation", "gate",
-                 "tolerance", "divergence"}
-_CALIBRATION_KEYS = {"data", "method", "percentile", "per_channel"}
-_GATE_KEYS = {"max_abs", "mean_abs", "cosine", "top1_agreement"}
-_DIVERGENCE_KEYS = {"samples", "cosine"}
 FP16_FEATURES = ("shaderFloat16", "storageBuffer16BitAccess")
 
 
@@ -118,104 +115,102 @@ def full_name(model, variant: VariantSpec) -> str:
 
 
 # ----------------------------------------------------------------------------- spec
-def parse(raw: dict, spec_dir: Path, inputs: list, tolerance, where: str, problems: list):
-    """`preprocessing:` and `variants:` of a model spec -> (preprocessing, variants)."""
-    shapes = {i.name: (i.shape, i.dtype) for i in inputs}
-    preprocessing = parse_preprocessing(raw.get("preprocessing"), shapes, where, problems)
-    body = raw.get("variants")
-    if body is None:
-        return preprocessing, ()
-    if not isinstance(body, dict) or not body:
-        problems.append(f"{where}: variants: expected a mapping of variant name -> "
-                        f"{{precision, calibration, evaluation, gate, ...}}")
-        return preprocessing, ()
+class CalibrationDoc(Doc):
+    """int8 only: the data the quantizer measures activation ranges on."""
+    data: str
+    """a folder of samples, relative to the model folder (see docs/variants.md)"""
+    method: Literal[METHODS] = "minmax"
+    percentile: Annotated[float, Field(ge=50, le=100)] = None
+    """method percentile only (default 99.999)"""
+    per_channel: bool = False
+
+
+class GateDoc(Doc):
+    """The variant against fp32 over the evaluation set: fails the build if not met."""
+    max_abs: NonNegative
+    """max |variant - fp32| over all samples and elements"""
+    mean_abs: NonNegative
+    """mean |variant - fp32|"""
+    cosine: Fraction
+    """the worst sample's cosine similarity"""
+    top1_agreement: Fraction = None
+    """classifiers: the share of samples whose argmax over the last axis agrees"""
+
+
+class DivergenceDoc(Doc):
+    """The layer-by-layer table of the accuracy report."""
+    samples: Annotated[int, Field(ge=1)] = 4
+    """the N worst evaluation samples"""
+    cosine: NonNegative = 0.98
+    """per-layer tolerance"""
+
+
+class VariantDoc(Doc):
+    """A precision variant: the model in fp16 or int8, its own chain of steps."""
+    precision: Literal[PRECISIONS] = None
+    """default: the variant's name, when it is fp16 or int8"""
+    calibration: CalibrationDoc = None
+    exclude_nodes: list[str] = []
+    """node names left in fp32"""
+    io_dtype: Literal[IO_DTYPES] = None
+    """fp16 only: float32 (default: Casts at the boundary) or float16"""
+    evaluation: str
+    """a folder of samples the gate compares fp32 and the variant on, none used for calibration"""
+    gate: GateDoc
+    tolerance: Optional[ToleranceDoc] = None
+    """artifacts vs the variant's own golden (default: the model's tolerance)"""
+    divergence: Optional[DivergenceDoc] = None
+
+
+Variants = Annotated[dict[Annotated[str, Field(pattern=f"^(?!fp32$){NAME_RE.pattern[1:]}"), Says(
+    f"a variant name must match {NAME_RE.pattern} and is not fp32 (the model itself)")],
+                          VariantDoc], Field(min_length=1, json_schema_extra=CLOSED)]
+
+
+def parse(pre_doc, doc, spec_dir: Path, inputs: dict, tolerance, where: str, problems: list):
+    """`preprocessing:` and `variants:` of a model spec -> (preprocessing, variants); inputs:
+    name -> (shape, dtype) of the model spec's inputs (None where invalid)."""
+    preprocessing = parse_preprocessing(pre_doc, inputs, where, problems)
     out = []
-    for name, v in body.items():
+    for name, v in (doc or {}).items():
         vw = f"{where}: variants.{name}"
-        if not isinstance(name, str) or not NAME_RE.match(name) or name == "fp32":
-            problems.append(f"{vw}: a variant name must match {NAME_RE.pattern} and is not "
-                            f"fp32 (the model itself)")
+        if v is None:
             continue
-        if not isinstance(v, dict):
-            problems.append(f"{vw}: expected a mapping with precision, evaluation, gate, ...")
-            continue
-        unknown_keys(problems, vw, v, _VARIANT_KEYS)
-        before = len(problems)
-        precision = v.get("precision", name if name in PRECISIONS else None)
-        if precision not in PRECISIONS:
-            problems.append(f"{vw}.precision: expected one of {', '.join(PRECISIONS)}, got "
-                            f"{precision!r}")
+        precision = v.precision or (name if name in PRECISIONS else None)
+        if precision is None:
+            if not given(v, "precision"):
+                problems.append(f"{vw}.precision: expected one of {', '.join(PRECISIONS)}, got None")
             continue
         kw = {}
-        calib = v.get("calibration")
-        if precision == "int8":
-            if not isinstance(calib, dict) or "data" not in calib:
-                problems.append(f"{vw}.calibration: an int8 variant needs calibration: "
-                                f"{{data: FOLDER, method: minmax|entropy|percentile, per_channel}}")
-            else:
-                unknown_keys(problems, f"{vw}.calibration", calib, _CALIBRATION_KEYS)
-                kw["calibration"] = list_dataset(spec_dir / str(calib["data"]),
-                                                 f"{vw}.calibration.data", problems)
-                method = calib.get("method", "minmax")
-                if method not in METHODS:
-                    problems.append(f"{vw}.calibration.method: {method!r} is not one of "
-                                    f"{', '.join(METHODS)}")
-                kw["method"] = method
-                if "percentile" in calib and method != "percentile":
-                    problems.append(f"{vw}.calibration.percentile: only for method: percentile")
-                if method == "percentile":
-                    p = number(calib.get("percentile", 99.999), f"{vw}.calibration.percentile",
-                                problems, minimum=50)
-                    if p is not None and p > 100:
-                        problems.append(f"{vw}.calibration.percentile: at most 100, got {p}")
-                    kw["percentile"] = p
-                per_channel = calib.get("per_channel", False)
-                if not isinstance(per_channel, bool):
-                    problems.append(f"{vw}.calibration.per_channel: expected true or false")
-                kw["per_channel"] = per_channel
-        elif calib is not None:
+        calib = v.calibration
+        if precision == "int8" and calib is not None:
+            if calib.data is not None:
+                kw["calibration"] = list_dataset(spec_dir / calib.data, f"{vw}.calibration.data",
+                                                 problems)
+            kw["method"], kw["per_channel"] = calib.method, calib.per_channel
+            if given(calib, "percentile") and calib.method != "percentile":
+                problems.append(f"{vw}.calibration.percentile: only for method: percentile")
+            if calib.method == "percentile":
+                kw["percentile"] = 99.999 if calib.percentile is None else calib.percentile
+        elif precision == "int8" and not given(v, "calibration"):
+            problems.append(f"{vw}.calibration: an int8 variant needs calibration: "
+                            f"{{data: FOLDER, method: minmax|entropy|percentile, per_channel}}")
+        elif precision != "int8" and given(v, "calibration"):
             problems.append(f"{vw}.calibration: only int8 variants are calibrated")
-        io_dtype = v.get("io_dtype", "float32")
-        if precision != "fp16" and "io_dtype" in v:
+        if precision != "fp16" and given(v, "io_dtype"):
             problems.append(f"{vw}.io_dtype: only for fp16 variants (int8 QDQ keeps float32 I/O)")
-        elif io_dtype not in IO_DTYPES:
-            problems.append(f"{vw}.io_dtype: expected one of {', '.join(IO_DTYPES)}")
-        kw["io_dtype"] = io_dtype
-        exclude = v.get("exclude_nodes", [])
-        if not isinstance(exclude, list) or not all(isinstance(n, str) for n in exclude):
-            problems.append(f"{vw}.exclude_nodes: expected a list of node names")
-            exclude = []
-        kw["exclude_nodes"] = tuple(exclude)
-        if "evaluation" not in v:
-            problems.append(f"{vw}: missing required key 'evaluation' (a folder of samples the "
-                            f"gate compares fp32 and {precision} on, none used for calibration)")
-        else:
-            kw["evaluation"] = list_dataset(spec_dir / str(v["evaluation"]), f"{vw}.evaluation",
-                                            problems)
-        kw["gate"] = _gate(v.get("gate"), vw, problems)
-        tol = v.get("tolerance")
-        kw["tolerance"] = tolerance
-        if tol is not None:
-            vals = {}
-            if not isinstance(tol, dict) or set(tol) != {"max_abs", "mean_abs", "cosine"}:
-                problems.append(f"{vw}.tolerance: expected max_abs, mean_abs and cosine")
-            else:
-                vals = {k: number(tol[k], f"{vw}.tolerance.{k}", problems, minimum=0) for k in tol}
-            if vals and None not in vals.values():
-                kw["tolerance"] = Tolerance(**vals)
-        div = v.get("divergence") or {}
-        if not isinstance(div, dict):
-            problems.append(f"{vw}.divergence: expected a mapping with samples and cosine")
-            div = {}
-        for key in sorted(set(div) - _DIVERGENCE_KEYS):
-            problems.append(f"{vw}.divergence: unknown key {key!r} (allowed: samples, cosine)")
-        kw["divergence_samples"] = number(div.get("samples", 4), f"{vw}.divergence.samples",
-                                           problems, kind=int, minimum=1)
-        kw["divergence_cosine"] = number(div.get("cosine", 0.98), f"{vw}.divergence.cosine",
-                                          problems, minimum=0)
+        kw["io_dtype"] = v.io_dtype or "float32"
+        kw["exclude_nodes"] = tuple(v.exclude_nodes or ())
+        if v.evaluation is not None:
+            kw["evaluation"] = list_dataset(spec_dir / v.evaluation, f"{vw}.evaluation", problems)
+        kw["gate"] = v.gate and Gate(v.gate.max_abs, v.gate.mean_abs, v.gate.cosine,
+                                     v.gate.top1_agreement)
+        kw["tolerance"] = v.tolerance.spec() if v.tolerance else tolerance
+        div = v.divergence or DivergenceDoc()
+        kw["divergence_samples"], kw["divergence_cosine"] = div.samples, div.cosine
         for key in ("calibration", "evaluation"):
-            if key in kw and kw[key] is not None:
-                check_dataset_fits(kw[key], shapes, preprocessing, f"{vw}.{key}", problems)
+            if kw.get(key) is not None and None not in inputs.values():
+                check_dataset_fits(kw[key], inputs, preprocessing, f"{vw}.{key}", problems)
         if kw.get("calibration") and kw.get("evaluation"):
             from ..core.store import sha256_file
             seen = {sha256_file(p): p.name for p in kw["calibration"].files}
@@ -224,26 +219,6 @@ def parse(raw: dict, spec_dir: Path, inputs: list, tolerance, where: str, proble
                 problems.append(f"{vw}.evaluation: {len(shared)} sample(s) also in the calibration "
                                 f"set ({', '.join(shared[:5])}): the gate must measure data the "
                                 f"quantizer never saw")
-        if len(problems) == before:
+        if not problems:  # the specs are made only from a document without any problem
             out.append(VariantSpec(name=name, precision=precision, **kw))
     return preprocessing, tuple(out)
-
-
-def _gate(raw, vw: str, problems: list) -> Gate | None:
-    if not isinstance(raw, dict):
-        problems.append(f"{vw}.gate: required: {{max_abs, mean_abs, cosine, top1_agreement?}} "
-                        f"(the variant against fp32 on the evaluation set)")
-        return None
-    unknown_keys(problems, f"{vw}.gate", raw, _GATE_KEYS)
-    vals = {}
-    for key in ("max_abs", "mean_abs", "cosine", "top1_agreement"):
-        if key not in raw:
-            if key != "top1_agreement":
-                problems.append(f"{vw}.gate: missing required key {key!r}")
-            continue
-        vals[key] = number(raw[key], f"{vw}.gate.{key}", problems, minimum=0)
-        if key in ("cosine", "top1_agreement") and vals[key] is not None and vals[key] > 1:
-            problems.append(f"{vw}.gate.{key}: at most 1, got {vals[key]}")
-    if None in vals.values() or not {"max_abs", "mean_abs", "cosine"} <= set(vals):
-        return None
-    return Gate(**vals)

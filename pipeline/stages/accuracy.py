@@ -25,14 +25,54 @@ artifacts/reports/accuracy/<model>.<variant>/ (the step's own outputs are remove
 and fails the step with the figures and the first divergent layer.
 """
 from __future__ import annotations
-from ..core.steps import Step
-from ..spec.variants import full_name
-from .plan import static_model, variant_inputs, variant_preprocessing, variant_tools
+
+from dataclasses import dataclass
+
+from ..core.steps import StageConfig, Step
 from ..run.ort import reduced_session, session, variant_feeds
+from ..spec.variants import IO_DTYPES, PRECISIONS, full_name
+from .plan import static_model, variant_inputs, variant_preprocessing, variant_tools
+from .quantize import Samples, sample_inputs_problems
 
 VERSION = 1
 OUTPUTS = ("accuracy.json", "divergence.json", "accuracy.txt")
 _FLOATS = (1, 10, 11, 16)  # onnx elem types: float, float16, double, bfloat16
+GATE_KEYS = ("max_abs", "mean_abs", "cosine", "top1_agreement")
+
+
+@dataclass(frozen=True)
+class Divergence(StageConfig):
+    samples: int        # the layer table is made on this many samples, those farthest from fp32
+    cosine: float       # a layer whose cosine with fp32 falls below this is beyond tolerance
+
+    def problems(self):
+        if not isinstance(self.samples, int) or self.samples < 1:
+            yield f"divergence samples must be a positive integer, got {self.samples!r}"
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    precision: str                  # int8 | fp16
+    gate: dict                      # max_abs, mean_abs, cosine and optionally top1_agreement
+    inputs: tuple[dict, ...]        # per model input: name, shape, dtype
+    preprocessing: dict             # input name -> spec.calibration.Preprocessing as a dict
+    evaluation: Samples             # the samples both models run on
+    io_dtype: str                   # the variant's inputs/outputs: float32 | float16
+    divergence: Divergence
+
+    def problems(self):
+        yield from sample_inputs_problems(self.inputs, self.preprocessing)
+        if self.precision not in PRECISIONS:
+            yield f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+        if not {"max_abs", "mean_abs", "cosine"} <= set(self.gate) <= set(GATE_KEYS):
+            yield f"gate must give max_abs, mean_abs, cosine and optionally top1_agreement, got {sorted(self.gate)}"
+        if self.io_dtype not in IO_DTYPES:
+            yield f"io_dtype must be one of {', '.join(IO_DTYPES)}, got {self.io_dtype!r}"
+
+    @classmethod
+    def from_key(cls, key: dict) -> "Config":
+        return cls(**{**key, "evaluation": Samples.from_key(key["evaluation"]),
+                      "divergence": Divergence.from_key(key["divergence"])})
 
 
 def _cosine(a, b) -> float:
@@ -250,36 +290,35 @@ def render(name: str, acc: dict, div: dict, around: int | None = None) -> str:
 def run(ctx) -> None:
     from .quantize import _dataset, load_data
     from ..core.store import pretty_json
-    cfg = ctx.config
-    samples = load_data(ctx, "evaluation")
-    files = cfg["evaluation"]["files"]
+    cfg = ctx.cfg
+    samples = load_data(ctx, "evaluation", cfg.evaluation)
+    files = cfg.evaluation.files
     ref = session(ctx.input("fp32"))
     try:
         var = reduced_session(ctx.input("model"))
-        pairs = [(ref.run(None, s), var.run(None, variant_feeds(s, cfg["io_dtype"])))
+        pairs = [(ref.run(None, s), var.run(None, variant_feeds(s, cfg.io_dtype)))
                  for s in samples]
     except Exception as exc:  # onnxruntime's own errors: the reduced model does not run
-        raise ctx.error(f"onnxruntime cannot run the {cfg['precision']} model: "
+        raise ctx.error(f"onnxruntime cannot run the {cfg.precision} model: "
                         f"{str(exc).strip().splitlines()[-1]}",
                         hint="exclude the node it names (exclude_nodes)")
     names = [o.name for o in ref.get_outputs()]
     rows = gate_metrics(pairs, names, files)
-    failures = gate_failures(rows, cfg["gate"])
-    evaluation = _dataset(ctx, "evaluation")
-    acc = {"precision": cfg["precision"], "gate": cfg["gate"], "passed": not failures,
+    failures = gate_failures(rows, cfg.gate)
+    evaluation = _dataset(ctx, "evaluation", cfg.evaluation)
+    acc = {"precision": cfg.precision, "gate": cfg.gate, "passed": not failures,
            "failures": failures, "evaluation": {**evaluation, "samples": len(samples)},
            "outputs": rows,
            "runs": {"fp32": "onnxruntime CPU, 1 thread (as golden)",
-                    cfg["precision"]: "onnxruntime CPU, 1 thread, graph optimisations off"}}
-    div_cfg = cfg["divergence"]
-    chosen = rows[0].pop("worst_first")[:div_cfg["samples"]]  # where the outputs differ most
+                    cfg.precision: "onnxruntime CPU, 1 thread, graph optimisations off"}}
+    chosen = rows[0].pop("worst_first")[:cfg.divergence.samples]  # where the outputs differ most
     for r in rows[1:]:
         r.pop("worst_first")
     div = layer_divergence(ctx.input("fp32"), ctx.input("model"), [samples[k] for k in chosen],
-                           cfg["io_dtype"], div_cfg["cosine"])
+                           cfg.io_dtype, cfg.divergence.cosine)
     div["sample_files"] = [files[k] for k in chosen]
     first = div["first_divergent"]
-    acc["summary"] = {"passed": acc["passed"], "gate": cfg["gate"], "evaluation": acc["evaluation"],
+    acc["summary"] = {"passed": acc["passed"], "gate": cfg.gate, "evaluation": acc["evaluation"],
                       "outputs": [{k: r[k] for k in ("name", "max_abs", "mean_abs", "cosine_min",
                                                       "cosine_mean", "top1_agreement")} for r in rows],
                       "first_divergent_layer": first and {k: first[k] for k in (
@@ -293,7 +332,7 @@ def run(ctx) -> None:
         where.mkdir(parents=True, exist_ok=True)
         for name, text in texts.items():
             (where / name).write_text(text)
-        raise ctx.error(f"the {cfg['precision']} variant fails its accuracy gate: "
+        raise ctx.error(f"the {cfg.precision} variant fails its accuracy gate: "
                         f"{'; '.join(failures)}\n" + render(ctx.step.name, acc, div, around=3)
                         + f"  full report: {where / 'accuracy.txt'} (and .json)",
                         hint="look at the first divergent layer: leave it in fp32 "
@@ -327,10 +366,10 @@ def accuracy_step(layout, model, v) -> Step:
     name = full_name(model, v)
     return Step(
         stage="accuracy", name=name, version=VERSION,
-        config={"precision": v.precision, "gate": v.gate.as_dict(), "inputs": variant_inputs(model),
-                "preprocessing": variant_preprocessing(model), "evaluation": v.evaluation.as_dict(),
-                "io_dtype": v.io_dtype,
-                "divergence": {"samples": v.divergence_samples, "cosine": v.divergence_cosine}},
+        config=Config(precision=v.precision, gate=v.gate.as_dict(), inputs=variant_inputs(model),
+                      preprocessing=variant_preprocessing(model),
+                      evaluation=Samples.from_key(v.evaluation.as_dict()), io_dtype=v.io_dtype,
+                      divergence=Divergence(v.divergence_samples, v.divergence_cosine)),
         inputs={"fp32": static_model(layout, model),
                 "model": layout.model_stage(name, "quantize") / "model.onnx",
                 **{f"evaluation:{p.name}": p for p in v.evaluation.files}},

@@ -28,65 +28,104 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.steps import StageConfig, Step
+from ..core.store import pretty_json
 from ..core.tools import python_module_argv, run_tool
-from ..core.steps import Step
+from ..spec.ship import POLICIES
 from .coverage import ops_text
 from .plan import compiler_of, golden_files, skipped, unsupported, where
 
 VERSION = 1
 OUTPUTS = ("choice.json",)
-POLICIES = ("prefer", "fastest-on-host")
-_SLOT_KEYS = {"abis", "policy", "proxies"}
 WINDOW = {"warmup": 2, "rounds": 30, "seconds": 10.0}
+
+
+@dataclass(frozen=True)
+class Slot(StageConfig):
+    """One slot of the target (ABIs that stand for one device) as this model sees it."""
+    name: str
+    order: tuple[str, ...]          # the slot's ABIs in the declared order
+    policy: str                     # prefer | fastest-on-host
+    candidates: tuple[str, ...]     # the ABIs built for the model, in that order
+    skipped: dict                   # ABI -> why it is not a candidate
+    explicit: str | None            # the model spec's own choice
+    proxy_of: dict                  # fastest-on-host: candidate -> {name: target/abi, format}
+    golden_inputs: tuple[str, ...]  # the golden input files the proxies are timed on
+
+    def problems(self):
+        if self.policy not in POLICIES:
+            yield f"slot {self.name}: policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
+        if not set(self.candidates) <= set(self.order):
+            yield f"slot {self.name}: candidates must be ABIs of the slot ({', '.join(self.order)})"
+        if self.explicit is not None and self.explicit not in self.order:
+            yield f"slot {self.name}: the explicit choice {self.explicit!r} is not an ABI of the slot"
+        timed = self.policy == "fastest-on-host" and len(self.candidates) > 1
+        if sorted(self.proxy_of) != (sorted(self.candidates) if timed else []):
+            yield f"slot {self.name}: proxy_of names a host proxy for each candidate a fastest-on-host slot times, only"
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    target: str                 # the target's name
+    slots: tuple[Slot, ...]     # in the target's order
+
+    def problems(self):
+        names = [s.name for s in self.slots]
+        if len(set(names)) != len(names):
+            yield f"slot names must be unique, got {', '.join(names)}"
+
+    @classmethod
+    def from_key(cls, key: dict) -> "Config":
+        return cls(target=key["target"], slots=tuple(Slot.from_key(s) for s in key["slots"]))
 
 
 # ----------------------------------------------------------------------------- the step
 def run(ctx) -> None:
-    cfg = ctx.config
+    cfg = ctx.cfg
     slots = {}
-    for slot in cfg["slots"]:
-        candidates = slot["candidates"]
-        entry = {"candidates": candidates, "policy": slot["policy"],
-                 "skipped": slot["skipped"]}
+    for slot in cfg.slots:
+        candidates = list(slot.candidates)
+        entry = {"candidates": candidates, "policy": slot.policy, "skipped": slot.skipped}
         if not candidates:
             entry.update(ships=None, reason="no candidate: every ABI of the slot was skipped")
-        elif slot["explicit"]:
-            entry.update(ships=slot["explicit"], policy="explicit",
-                         reason=f"explicit choice in the model spec (ship.{cfg['target']}."
-                                f"{slot['name']}: {slot['explicit']})")
+        elif slot.explicit:
+            entry.update(ships=slot.explicit, policy="explicit",
+                         reason=f"explicit choice in the model spec (ship.{cfg.target}."
+                                f"{slot.name}: {slot.explicit})")
         elif len(candidates) == 1:
             entry.update(ships=candidates[0], reason="the only candidate"
-                         + (f" ({_skipped_text(slot['skipped'])})" if slot["skipped"] else ""))
-        elif slot["policy"] == "prefer":
+                         + (f" ({_skipped_text(slot.skipped)})" if slot.skipped else ""))
+        elif slot.policy == "prefer":
             entry.update(ships=candidates[0],
                          reason=f"policy prefer: the first validated ABI in the declared order "
-                                f"[{', '.join(slot['order'])}]")
+                                f"[{', '.join(slot.order)}]")
         else:
             entry.update(_fastest(ctx, slot))
-        slots[slot["name"]] = entry
-    ctx.output("choice.json").write_text(json.dumps({"slots": slots}, indent=2, sort_keys=True) + "\n")
+        slots[slot.name] = entry
+    ctx.output("choice.json").write_text(pretty_json({"slots": slots}))
 
 
 def _skipped_text(skipped: dict) -> str:
     return "; ".join(f"{abi} skipped: {why}" for abi, why in sorted(skipped.items()))
 
 
-def _fastest(ctx, slot: dict) -> dict:
+def _fastest(ctx, slot: Slot) -> dict:
     """Time the candidates' host proxies side by side; the reason quotes the figures."""
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    plan = {"artifacts": [], "inputs": [str(ctx.input(f"golden:{f}")) for f in slot["golden_inputs"]],
+    plan = {"artifacts": [], "inputs": [str(ctx.input(f"golden:{f}")) for f in slot.golden_inputs],
             "window": WINDOW}
-    for abi in slot["candidates"]:
-        proxy = slot["proxy_of"][abi]
+    for abi in slot.candidates:
+        proxy = slot.proxy_of[abi]
         plan["artifacts"].append({"abi": abi, "proxy": proxy["name"], "format": proxy["format"],
                                   "path": str(ctx.input(f"proxy:{abi}")), "entry": "main"})
     spec = ctx.scratch / "timing.json"
     spec.write_text(json.dumps(plan))
     result = run_tool(python_module_argv("pipeline.stages.choose", str(spec)), log=ctx.log,
                       what="timing the host proxies", check=False, timeout=600, **where)
-    order = slot["candidates"]
+    order = list(slot.candidates)
     if result.returncode != 0:
         return {"ships": order[0], "measured": None,
                 "reason": f"policy fastest-on-host could not measure (the timing run failed, "
@@ -95,7 +134,7 @@ def _fastest(ctx, slot: dict) -> dict:
     p50 = {a["abi"]: a["p50_ms"] for a in timing["artifacts"]}
     best = min(order, key=lambda a: (p50[a], order.index(a)))
     others = [a for a in order if a != best]
-    figures = ", ".join(f"{a} via {slot['proxy_of'][a]['name']} p50 {p50[a]:.3f} ms" for a in order)
+    figures = ", ".join(f"{a} via {slot.proxy_of[a]['name']} p50 {p50[a]:.3f} ms" for a in order)
     ratio = min(p50[a] for a in others) / p50[best] if p50[best] else float("inf")
     return {"ships": best, "measured": timing,
             "reason": f"policy fastest-on-host: {figures} (interleaved, {timing['rounds']} "
@@ -148,14 +187,14 @@ def choose_step(project, model, target) -> Step:
                 proxy_of[name] = {"name": ref, "format": files["format"]}
             inputs.update(golden_files(layout, model))
         explicit = model.ship.get(target.name, {}).get(slot["name"])
-        slots.append({"name": slot["name"], "order": slot["abis"], "policy": slot["policy"],
-                      "candidates": candidates, "skipped": skipped_abis, "explicit": explicit,
-                      "proxy_of": proxy_of,
-                      "golden_inputs": [f"input_{i}.npy" for i in range(len(model.inputs))]})
+        slots.append(Slot(name=slot["name"], order=tuple(slot["abis"]), policy=slot["policy"],
+                          candidates=tuple(candidates), skipped=skipped_abis, explicit=explicit,
+                          proxy_of=proxy_of,
+                          golden_inputs=tuple(f"input_{i}.npy" for i in range(len(model.inputs)))))
     return Step(stage="choose", name=f"{target.name}/{model.name}", version=VERSION,
-                config={"target": target.name, "slots": slots}, inputs=inputs,
+                config=Config(target=target.name, slots=tuple(slots)), inputs=inputs,
                 outputs=OUTPUTS, out_dir=layout.target_model_stage(target.name, model.name, "choose"),
-                tools=("iree-base-runtime", "apache-tvm") if any(s["proxy_of"] for s in slots)
+                tools=("iree-base-runtime", "apache-tvm") if any(s.proxy_of for s in slots)
                 else (), action=run, layout=layout,
                 doc="which compiler's artifact ships, by the target's policy",
                 where=where(model, target))

@@ -27,13 +27,15 @@ verdict was checked.
 """
 from __future__ import annotations
 
-import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers import tvm_ops
+from ..core.steps import StageConfig, Step
+from ..core.store import pretty_json
 from ..core.tools import distribution_version, python_module_argv, run_tool
-from ..core.steps import Step
+from ..spec.sources import ROUTES
 from .plan import compilers, proxy_pairs, static_model, where
 
 VERSION = 1
@@ -42,6 +44,23 @@ PREDICTION_VERSION = 1
 COMPILERS = ("iree", "tvm")
 STANDARD_DOMAINS = ("", "ai.onnx")
 TABLE = "pipeline/coverage.py"
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    format: str                 # the source's format: an ONNX source is predicted before import
+    shapes: dict                # input name -> the spec's shape, bound for shape inference
+    rules: int                  # PREDICTION_VERSION of the rules the verdicts come from
+    compilers: dict             # compiler -> the target's ABI names it builds
+    iree_abi: dict | None       # the flags IREE is confirmed with (a CPU ABI of the target)
+
+    def problems(self):
+        if self.format not in ROUTES:
+            yield f"format must be one of {', '.join(ROUTES)}, got {self.format!r}"
+        if not set(self.compilers) <= set(COMPILERS):
+            yield f"compilers must be among {', '.join(COMPILERS)}, got {', '.join(sorted(self.compilers))}"
+        if "iree" in self.compilers and self.iree_abi is None:
+            yield "a target with IREE ABIs needs iree_abi, the flags its failures are confirmed with"
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -143,8 +162,8 @@ def predict_model(model, tvm_ops: set[str]) -> dict:
         counts[op] = counts.get(op, 0) + 1
         if node.domain not in STANDARD_DOMAINS:
             for c in COMPILERS:
-                found[c].append({"op": op, "node": name, "why": f"op outside the standard ONNX "
-                                 f"domain", "basis": "../shared/TOOLCHAIN.md (not re-checked)"})
+                found[c].append({"op": op, "node": name, "why": "op outside the standard ONNX "
+                                 "domain", "basis": "../shared/TOOLCHAIN.md (not re-checked)"})
             continue
         rule = IREE_RULES.get(node.op_type)
         if rule:
@@ -198,13 +217,13 @@ def ops_text(problems: list[dict]) -> str:
 # ----------------------------------------------------------------------------- the step
 def run(ctx) -> None:
     """Confirm the prediction where it decides something; fail when no compiler is left."""
-    cfg = ctx.config
+    cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    if cfg["format"] != "onnx":
+    if cfg.format != "onnx":
         return _run_unpredicted(ctx, cfg)
-    prediction = predict(ctx.input("source"), cfg["shapes"])
+    prediction = predict(ctx.input("source"), cfg.shapes)
     report = {"ops": prediction["ops"], "compilers": {}}
-    for compiler, abis in sorted(cfg["compilers"].items()):
+    for compiler, abis in sorted(cfg.compilers.items()):
         problems = prediction[compiler]
         entry = {"abis": abis, "status": "skipped" if problems else "ok", "unsupported": problems,
                  "checked": {"prediction": _basis(compiler)}}
@@ -222,15 +241,15 @@ def run(ctx) -> None:
                         hint="replace those ops in the model (or export it differently), add "
                              "an ABI of a compiler that takes it, or leave the model out of "
                              "this target")
-    ctx.output("coverage.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("coverage.json").write_text(pretty_json(report))
 
 
-def _run_unpredicted(ctx, cfg) -> None:
+def _run_unpredicted(ctx, cfg: Config) -> None:
     """A TFLite/NNEF source: no prediction could be made before the build (the ONNX form is the
     import step's output), so both compilers got their steps. Check the static model now: a
     compiler that cannot take it would only fail later; say which ops, and how to skip it."""
     import onnx
-    fmt = cfg["format"]
+    fmt = cfg.format
     model = onnx.load(str(ctx.input("model")))
     try:
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -238,21 +257,21 @@ def _run_unpredicted(ctx, cfg) -> None:
         pass
     found = predict_model(model, _tvm_ops())
     report = {"ops": found["ops"], "compilers": {}}
-    lacking = {c: found[c] for c in cfg["compilers"] if found[c]}
+    lacking = {c: found[c] for c in cfg.compilers if found[c]}
     if lacking:
         lines = "; ".join(f"{c.upper()} cannot take {ops_text(p)}" for c, p in sorted(lacking.items()))
-        abis = ", ".join(f"'{a}'" for c in sorted(lacking) for a in cfg["compilers"][c])
+        abis = ", ".join(f"'{a}'" for c in sorted(lacking) for a in cfg.compilers[c])
         raise ctx.error(f"the model's {fmt} source, converted to ONNX, has ops a compiler of this "
                         f"target cannot take: {lines}", log=True,
                         hint=f"add `skip: {{{abis.split(', ')[0]}: <why>}}` (one per ABI: {abis}) "
                              f"to the model's spec, or convert the model differently")
-    for compiler, abis in sorted(cfg["compilers"].items()):
+    for compiler, abis in sorted(cfg.compilers.items()):
         report["compilers"][compiler] = {
             "abis": abis, "status": "ok", "unsupported": [],
             "checked": {"prediction": f"made at build time on the static model (the source is "
                                       f"{fmt}, ONNX only after import): {_basis(compiler)}",
                         "confirmed": f"not needed: the {compiler}_compile step is the check"}}
-    ctx.output("coverage.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("coverage.json").write_text(pretty_json(report))
 
 
 def _basis(compiler: str) -> str:
@@ -276,7 +295,7 @@ def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:
         result = imported
         if imported.returncode == 0:
             result = run_tool([find_tool("iree-compile"), str(mlir),
-                               *compile_flags(ctx.config["iree_abi"]), "-o", str(out)],
+                               *compile_flags(ctx.cfg.iree_abi), "-o", str(out)],
                               log=ctx.log, what="iree-compile", check=False, timeout=3600, **where)
         mlir.unlink(missing_ok=True)
         out.unlink(missing_ok=True)
@@ -321,11 +340,11 @@ def coverage_step(project, model, target) -> Step:
     if model.source_format == "onnx":
         inputs["source"] = model.source
     return Step(stage="coverage", name=f"{target.name}/{model.name}", version=VERSION,
-                config={"format": model.source_format,
-                        "shapes": {i.name: list(i.shape) for i in model.inputs},
-                        "rules": PREDICTION_VERSION, "compilers": compilers(target),
-                        # the flags matter only when the step must confirm that IREE fails
-                        "iree_abi": cpu[0].compile_config() if cpu else None},
+                config=Config(format=model.source_format,
+                              shapes={i.name: list(i.shape) for i in model.inputs},
+                              rules=PREDICTION_VERSION, compilers=compilers(target),
+                              # the flags matter only when the step must confirm that IREE fails
+                              iree_abi=cpu[0].compile_config() if cpu else None),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.target_model_stage(target.name, model.name, "coverage"),
                 tools=("onnx", "iree-base-compiler", "apache-tvm"), action=run,

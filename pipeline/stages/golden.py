@@ -6,20 +6,72 @@ iree-run-module reads) plus golden.json naming them. Every later stage compares 
 from __future__ import annotations
 
 import json
-from ..spec.sources import GOLDEN
-from ..core.steps import Step
-from ..spec.variants import full_name
-from .plan import outputs_for, static_model, variant_inputs, variant_preprocessing, variant_tools
+from dataclasses import dataclass
+
+from ..core.steps import StageConfig, Step, key_value
+from ..core.store import pretty_json
 from ..run.ort import reduced_session, session, variant_feeds
+from ..spec.sources import GOLDEN
+from ..spec.variants import IO_DTYPES, full_name
+from .plan import outputs_for, static_model, variant_inputs, variant_preprocessing, variant_tools
+from .quantize import Samples, sample_inputs_problems
 
 VERSION = 1
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    inputs: tuple[dict, ...]        # per input: name, shape, dtype, test_data (numerics.make_input)
+    n_outputs: int                  # the outputs the model's graph declares
+    reference: str | None = None    # a TFLite/NNEF source: what runs it (spec.sources.GOLDEN)
+    outputs: tuple[str, ...] | None = None  # ... and its output names, in order
+
+    def problems(self):
+        if not self.inputs or any(set(i) != {"name", "shape", "dtype", "test_data"} for i in self.inputs):
+            yield "inputs must list each input as {name, shape, dtype, test_data}"
+        if not isinstance(self.n_outputs, int) or self.n_outputs < 1:
+            yield f"n_outputs must be a positive integer, got {self.n_outputs!r}"
+        if (self.reference is None) != (self.outputs is None):
+            yield "reference and outputs go together: a TFLite/NNEF source names both"
+        elif self.reference is not None and self.reference not in GOLDEN.values():
+            yield f"reference must be one of {', '.join(GOLDEN.values())}, got {self.reference!r}"
+        elif self.outputs is not None and len(self.outputs) != self.n_outputs:
+            yield f"outputs names {len(self.outputs)} outputs, n_outputs says {self.n_outputs}"
+
+    def as_key(self) -> dict:
+        key = {"inputs": key_value(self.inputs), "n_outputs": self.n_outputs}
+        if self.reference is not None:  # ONNX sources' keys unchanged
+            key.update(reference=self.reference, outputs=list(self.outputs))
+        return key
+
+
+@dataclass(frozen=True)
+class VariantConfig(StageConfig):
+    """A precision variant's golden files, on the evaluation sample farthest from fp32."""
+    inputs: tuple[dict, ...]        # per input: name, shape, dtype
+    preprocessing: dict             # input name -> spec.calibration.Preprocessing as a dict
+    io_dtype: str                   # what the variant's inputs/outputs are: float32 | float16
+    evaluation: Samples             # the evaluation set the sample is taken from
+    n_outputs: int
+
+    def problems(self):
+        yield from sample_inputs_problems(self.inputs, self.preprocessing)
+        if self.io_dtype not in IO_DTYPES:
+            yield f"io_dtype must be one of {', '.join(IO_DTYPES)}, got {self.io_dtype!r}"
+        if not isinstance(self.n_outputs, int) or self.n_outputs < 1:
+            yield f"n_outputs must be a positive integer, got {self.n_outputs!r}"
+
+    @classmethod
+    def from_key(cls, key: dict) -> "VariantConfig":
+        return cls(**{**key, "evaluation": Samples.from_key(key["evaluation"])})
 
 
 def run(ctx) -> None:
     import numpy as np
     from ..core.numerics import make_input
 
-    specs = ctx.config["inputs"]
+    cfg = ctx.cfg
+    specs = cfg.inputs
     arrays = []
     for spec in specs:
         file = ctx.input(f"test_data:{spec['name']}") if "file" in spec["test_data"] else None
@@ -28,12 +80,12 @@ def run(ctx) -> None:
         except ValueError as exc:
             raise ctx.error(f"test data for input {spec['name']!r}: {exc}",
                             hint="regenerate the .npy with the shape and dtype of the spec")
-    reference = ctx.config.get("reference", "onnxruntime (source)")
+    reference = cfg.reference or GOLDEN["onnx"]
     try:
         if reference == "litert (source)":  # a TFLite source: its own interpreter is the reference
             from .sources import tflite_run
             got = tflite_run(ctx.input("source"), {s["name"]: a for s, a in zip(specs, arrays)})
-            names = ctx.config["outputs"]
+            names = cfg.outputs
             results = [got[n] for n in names]
         else:
             sess = session(ctx.input("source"))
@@ -49,14 +101,14 @@ def run(ctx) -> None:
         np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
         doc["inputs"].append({"name": spec["name"], "file": f"input_{i}.npy",
                               "shape": list(array.shape), "dtype": str(array.dtype)})
-    if len(results) != ctx.config["n_outputs"]:
+    if len(results) != cfg.n_outputs:
         raise ctx.error(f"the model returned {len(results)} outputs, its graph declares "
-                        f"{ctx.config['n_outputs']}")
+                        f"{cfg.n_outputs}")
     for k, (name, array) in enumerate(zip(names, results)):
         np.save(ctx.output(f"output_{k}.npy"), array, allow_pickle=False)
         doc["outputs"].append({"name": name, "file": f"output_{k}.npy",
                                "shape": list(array.shape), "dtype": str(array.dtype)})
-    ctx.output("golden.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    ctx.output("golden.json").write_text(pretty_json(doc))
 
 
 def load(ctx):
@@ -82,24 +134,24 @@ def run_variant(ctx) -> None:
     import numpy as np
     from ..spec.calibration import Preprocessing, SampleError, load_sample
 
-    cfg = ctx.config
-    pre = {k: Preprocessing.from_dict(v) for k, v in cfg["preprocessing"].items()}
+    cfg = ctx.cfg
+    pre = {k: Preprocessing.from_dict(v) for k, v in cfg.preprocessing.items()}
     chosen = json.loads(ctx.input("accuracy.json").read_text())["outputs"][0]["worst_sample"]
     try:
-        sample = load_sample(ctx.input(f"evaluation:{chosen}"), cfg["evaluation"]["kind"],
-                             cfg["inputs"], pre)
+        sample = load_sample(ctx.input(f"evaluation:{chosen}"), cfg.evaluation.kind,
+                             list(cfg.inputs), pre)
     except SampleError as exc:
         raise ctx.error(f"evaluation sample {exc}", hint="fix or remove that file")
     reference = session(ctx.input("fp32")).run(None, sample)
-    feeds = variant_feeds(sample, cfg["io_dtype"])
+    feeds = variant_feeds(sample, cfg.io_dtype)
     sess = reduced_session(ctx.input("model"))
     names = [o.name for o in sess.get_outputs()]
     results = sess.run(None, feeds)
-    if len(results) != cfg["n_outputs"]:
-        raise ctx.error(f"the variant returned {len(results)} outputs, fp32 has {cfg['n_outputs']}")
+    if len(results) != cfg.n_outputs:
+        raise ctx.error(f"the variant returned {len(results)} outputs, fp32 has {cfg.n_outputs}")
     doc = {"inputs": [], "outputs": [], "reference": [], "sample": chosen,
            "why": "the evaluation sample where the variant differs most from fp32 (worst cosine)"}
-    for i, spec in enumerate(cfg["inputs"]):
+    for i, spec in enumerate(cfg.inputs):
         array = feeds[spec["name"]]
         np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
         doc["inputs"].append({"name": spec["name"], "file": f"input_{i}.npy",
@@ -111,7 +163,7 @@ def run_variant(ctx) -> None:
                                "shape": list(array.shape), "dtype": str(array.dtype)})
         doc["reference"].append({"name": name, "file": f"reference_{k}.npy",
                                  "shape": list(ref.shape), "dtype": str(ref.dtype)})
-    ctx.output("golden.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    ctx.output("golden.json").write_text(pretty_json(doc))
 
 
 # ----------------------------------------------------------------------------- steps
@@ -134,11 +186,11 @@ def golden_step(layout, model) -> Step:
         if spec.test_data.kind == "file":
             inputs[f"test_data:{spec.name}"] = spec.test_data.file
     n_out = len(model.signature["outputs"])
+    reference = {} if fmt == "onnx" else {
+        "reference": GOLDEN[fmt], "outputs": tuple(o["name"] for o in model.signature["outputs"])}
     return Step(stage="golden", name=model.name, version=VERSION,
-                config={"inputs": [i.as_dict() for i in model.inputs], "n_outputs": n_out,
-                        **({"reference": GOLDEN[fmt],
-                            "outputs": [o["name"] for o in model.signature["outputs"]]}
-                           if fmt != "onnx" else {})},
+                config=Config(inputs=tuple(i.as_dict() for i in model.inputs), n_outputs=n_out,
+                              **reference),
                 inputs=inputs, outputs=outputs_for(len(model.inputs), n_out),
                 out_dir=layout.model_stage(model.name, "golden"),
                 tools=("onnxruntime", "numpy") + (("ai-edge-litert",) if fmt == "tflite" else ()),
@@ -152,8 +204,9 @@ def variant_step(layout, model, v) -> Step:
     n_out = len(model.signature["outputs"])
     return Step(
         stage="golden", name=name, version=VERSION,
-        config={"inputs": variant_inputs(model), "preprocessing": variant_preprocessing(model),
-                "io_dtype": v.io_dtype, "evaluation": v.evaluation.as_dict(), "n_outputs": n_out},
+        config=VariantConfig(inputs=variant_inputs(model), preprocessing=variant_preprocessing(model),
+                             io_dtype=v.io_dtype, evaluation=Samples.from_key(v.evaluation.as_dict()),
+                             n_outputs=n_out),
         inputs={"fp32": static_model(layout, model),
                 "model": layout.model_stage(name, "quantize") / "model.onnx",
                 "accuracy.json": layout.model_stage(name, "accuracy") / "accuracy.json",

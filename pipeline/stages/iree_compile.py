@@ -7,22 +7,73 @@ When IREE cannot lower an op, the error lists the ONNX ops it could not legalize
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers.iree_compiler import compile_argv, compile_flags, unsupported_ops
 from ..compilers.iree_targets import requirements
+from ..core.steps import StageConfig, Step, key_value
+from ..core.store import pretty_json
 from ..core.tools import describe_exit, run_tool, tail
-import dataclasses
-from ..core.steps import Step
-from .plan import ENTRY, abi_step_name, built, compiler_of, proxy_pairs, skipped, static_model, variant_model, variant_skip_reason, where
+from ..spec.target import BACKENDS
+from ..spec.variants import PRECISIONS
+from .plan import (ENTRY, abi_step_name, built, compiler_of, proxy_pairs, skipped, static_model,
+                   variant_model, variant_skip_reason, where)
 
 VERSION = 3
 OUTPUTS = ("model.vmfb", "compile.json")
+_CPU_FIELDS = ("arch", "triple", "cpu", "cpu_features")
+_VULKAN_FIELDS = ("vulkan_target", "vulkan_features")
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    """An ABI's compile config (spec AbiSpec.compile_config, or twin_config) and the entry point."""
+    compiler: str                        # iree
+    backend: str                         # llvm-cpu | vulkan-spirv
+    flags: tuple[str, ...]               # the ABI's own extra flags
+    entry: str                           # the compiled entry point
+    arch: str | None = None              # llvm-cpu: aarch64 | x86_64
+    triple: str | None = None            # llvm-cpu: the LLVM target triple
+    cpu: str | None = None               # llvm-cpu: the LLVM CPU
+    cpu_features: tuple[str, ...] | None = None  # llvm-cpu: LLVM attributes (+neon, ...)
+    vulkan_target: str | None = None     # vulkan-spirv: IREE's Vulkan target name
+    vulkan_features: str | None = None   # vulkan-spirv: replaces the target's SPIR-V features
+    precision: str | None = None         # a precision variant's: int8 | fp16
+
+    def problems(self):
+        if self.compiler != "iree":
+            yield f"compiler must be iree, got {self.compiler!r}"
+        if self.backend not in BACKENDS:
+            yield f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+        elif self.backend == "llvm-cpu" and (None in (self.arch, self.triple, self.cpu, self.cpu_features)
+                                              or self.vulkan_target or self.vulkan_features):
+            yield "an llvm-cpu ABI gives arch, triple, cpu and cpu_features, and no vulkan_target or vulkan_features"
+        elif self.backend == "vulkan-spirv" and (not self.vulkan_target or any(
+                getattr(self, f) is not None for f in _CPU_FIELDS)):
+            yield "a vulkan-spirv ABI gives vulkan_target (and maybe vulkan_features), and no CPU fields"
+        if not self.entry:
+            yield "entry must name the compiled entry point"
+        if self.precision is not None and self.precision not in PRECISIONS:
+            yield f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+
+    def as_key(self) -> dict:
+        """The ABI's compile config as the spec gives it, plus entry (and a variant's precision)."""
+        own = _CPU_FIELDS if self.backend == "llvm-cpu" else _VULKAN_FIELDS
+        key = {"compiler": self.compiler, "backend": self.backend,
+               **{f: key_value(getattr(self, f)) for f in own}, "flags": list(self.flags),
+               "entry": self.entry}
+        if self.precision is not None:
+            key["precision"] = self.precision
+        return key
+
+
 def run(ctx) -> None:
     from iree.compiler.tools.binaries import find_tool
 
+    cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     mlir = ctx.scratch / "model.mlir"
     run_tool([sys.executable, "-m", "iree.compiler.tools.import_onnx",
@@ -31,25 +82,25 @@ def run(ctx) -> None:
     vmfb = ctx.output("model.vmfb")
     # Run in the scratch folder on a relative "model.mlir": some SPIR-V targets (llvmpipe) keep
     # the source file name in the artifact, which must not depend on where the build happens.
-    argv = compile_argv(find_tool("iree-compile"), ctx.config, Path(mlir.name), vmfb)
+    argv = compile_argv(find_tool("iree-compile"), cfg.as_key(), Path(mlir.name), vmfb)
     result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch, **where)
     if result.returncode != 0:
         mlir.unlink(missing_ok=True)
         ops = unsupported_ops(result.output)
         if ops:
-            raise ctx.error(f"IREE ({ctx.config['backend']}) cannot compile these ONNX ops: "
+            raise ctx.error(f"IREE ({cfg.backend}) cannot compile these ONNX ops: "
                             f"{', '.join(ops)}", log=True,
                             hint="replace those ops in the model (or export it differently), or "
                                  "leave the model out of this target")
         if "Unknown Vulkan target" in result.output:
-            raise ctx.error(f"IREE does not know the Vulkan target {ctx.config['vulkan_target']!r}",
+            raise ctx.error(f"IREE does not know the Vulkan target {cfg.vulkan_target!r}",
                             log=True, hint="fix vulkan_target in the target's YAML")
         raise ctx.error(f"iree-compile failed ({describe_exit(result.returncode)}):\n"
                         f"{tail(result.output)}", log=True,
                         hint="read the log; the flags come from the target's ABI definition")
-    report = {"compiler": "iree", "flags": compile_flags(ctx.config), "entry": ctx.config["entry"],
+    report = {"compiler": "iree", "flags": compile_flags(cfg.as_key()), "entry": cfg.entry,
               "size": vmfb.stat().st_size}
-    if ctx.config["backend"] == "vulkan-spirv":
+    if cfg.backend == "vulkan-spirv":
         # The compiler's own target record, from a cheap second run that stops after creating
         # the executables. (Dumping sources during the real compile would embed their paths.)
         sources = ctx.scratch / "executables.mlir"
@@ -58,17 +109,17 @@ def run(ctx) -> None:
                  cwd=ctx.scratch, **where)
         report["requires"] = {"vulkan": requirements(sources.read_text())}
         sources.unlink()
-        if ctx.config.get("precision") == "fp16":  # never ship fp16 kernels to a device without fp16
+        if cfg.precision == "fp16":  # never ship fp16 kernels to a device without fp16
             from ..spec.variants import FP16_FEATURES
             missing = [f for f in FP16_FEATURES
                        if f not in report["requires"]["vulkan"]["device_features"]]
             if missing:
-                raise ctx.error(f"fp16 model compiled for {ctx.config['vulkan_target']}, which "
+                raise ctx.error(f"fp16 model compiled for {cfg.vulkan_target}, which "
                                 f"declares no {' / '.join(missing)}: its kernels would return "
                                 f"wrong numbers without an error", hint="build fp16 variants for "
                                 "Vulkan targets with 16-bit storage only (valhall*, llvmpipe, ...)")
     mlir.unlink(missing_ok=True)
-    ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("compile.json").write_text(pretty_json(report))
 
 
 # ----------------------------------------------------------------------------- steps
@@ -99,7 +150,7 @@ def compile_step(layout, model, target, abi, twin: bool = False) -> Step:
     else:
         doc = f"IREE {abi.backend} for {abi.triple} ({abi.cpu})"
     return Step(stage="iree_compile", name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
-                version=VERSION, config={**config, "entry": ENTRY},
+                version=VERSION, config=Config(**config, entry=ENTRY),
                 inputs={"model": static_model(layout, model)}, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
                                               "twin_compile" if twin else "iree_compile"),
@@ -120,6 +171,6 @@ def variant_steps(layout, model, v, targets) -> list:
                 s = compile_step(layout, vm, target, abi, twin=twin)
                 out.append(dataclasses.replace(
                     s, inputs={"model": layout.model_stage(vm.name, "quantize") / "model.onnx"},
-                    after=(f"accuracy:{vm.name}",), config={**s.config, "precision": v.precision},
+                    after=(f"accuracy:{vm.name}",), config=dataclasses.replace(s.cfg, precision=v.precision),
                     doc=f"{s.doc}, {v.precision}"))
     return out

@@ -19,13 +19,13 @@ with each candidate's figures.
 from __future__ import annotations
 
 import json
-
-from ..core.store import pretty_json, sha256_file
+from dataclasses import dataclass
 from pathlib import Path
-from ..spec.sources import GOLDEN
-from ..spec.sources import ROUTES
-from ..core.steps import Step
-from ..spec.variants import full_name
+
+from ..core.steps import RECORD, StageConfig, Step, key_value
+from ..core.store import pretty_json, sha256_file
+from ..spec.sources import GOLDEN, ROUTES
+from ..spec.variants import PRECISIONS, full_name
 from .plan import budget, built, coverage_file, static_model, tvm_abis, variant_skip_reason
 
 VERSION = 2  # 2: TVM artifacts, coverage, skipped, choice
@@ -33,22 +33,94 @@ OUTPUTS = ("manifest.json",)
 SCHEMA = "modelyard.manifest/1"
 
 
+@dataclass(frozen=True)
+class TargetEntry(StageConfig):
+    """The target as the manifest describes it."""
+    name: str
+    description: str
+    definition_sha256: str          # of the target's YAML
+    fallback: tuple[str, ...]       # the order an app tries the ABIs in
+    abis: tuple[dict, ...]          # IREE ABIs: name, compile config, run
+    tvm_abis: tuple[dict, ...]      # TVM ABIs: the same
+    ship: tuple[dict, ...]          # the slots (choose.py)
+
+    def problems(self):
+        names = [a["name"] for a in self.abis + self.tvm_abis]
+        if len(set(names)) != len(names):
+            yield f"ABI names must be unique within the target, got {', '.join(names)}"
+
+
+@dataclass(frozen=True)
+class ModelEntry(StageConfig):
+    """A model (or a precision variant) as the manifest lists it for the target."""
+    name: str
+    description: str
+    source: dict                    # file, sha256 (and format, route, golden for converted sources)
+    licenses: tuple[str, ...]       # the license files' names
+    skipped: dict                   # ABI -> why the spec leaves it out
+    tvm_abis: tuple[str, ...]       # the TVM ABIs it is built for
+    abis: tuple[str, ...] | None = None     # the IREE ABIs it is built for (None: a variant's skips say)
+    shape_of: str | None = None     # a shape variant: its model ...
+    shape: str | None = None        # ... and its shape's name
+    shapes: tuple[str, ...] = ()    # a model with shape variants: their names
+    variant_of: str | None = None   # a precision variant: its model ...
+    precision: str | None = None    # ... and its precision
+
+    def problems(self):
+        if (self.shape_of is None) != (self.shape is None):
+            yield f"{self.name}: shape_of and shape go together (a shape variant gives both)"
+        if (self.variant_of is None) != (self.precision is None):
+            yield f"{self.name}: variant_of and precision go together (a precision variant gives both)"
+        elif self.precision is not None and (self.precision not in PRECISIONS or self.abis is not None
+                                             or self.tvm_abis):
+            yield f"{self.name}: a precision variant is int8 or fp16, IREE only, and its skips say its ABIs"
+
+    def as_key(self) -> dict:
+        key = {"name": self.name, "description": self.description, "source": key_value(self.source),
+               "licenses": list(self.licenses), "skipped": key_value(self.skipped),
+               "tvm_abis": list(self.tvm_abis)}
+        if self.abis is not None:
+            key["abis"] = list(self.abis)
+        if self.shape_of is not None:
+            key.update(shape_of=self.shape_of, shape=self.shape)
+        if self.shapes:
+            key["shapes"] = list(self.shapes)
+        if self.variant_of is not None:
+            key.update(variant_of=self.variant_of, precision=self.precision)
+        return key
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    target: TargetEntry
+    models: tuple[ModelEntry, ...]  # the models, then their precision variants
+
+    def problems(self):
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            yield f"model names must be unique, got {', '.join(names)}"
+
+    @classmethod
+    def from_key(cls, key: dict) -> "Config":
+        return cls(target=TargetEntry.from_key(key["target"]),
+                   models=tuple(ModelEntry.from_key(m) for m in key["models"]))
+
+
 def _json(ctx, name: str) -> dict:
     return json.loads(ctx.input(name).read_text())
 
 
 def run(ctx) -> None:
-    cfg = ctx.config
+    cfg = ctx.cfg
     layout = ctx.step.layout
     models = {}
-    for model in cfg["models"]:
-        name = model["name"]
+    for model in cfg.models:
+        name = model.name
         static = _json(ctx, f"{name}:static.json")
         golden = _json(ctx, f"{name}:golden.json")
         artifacts = {}
-        built = model.get("abis")  # a precision variant's entry lists its skips only
-        for abi in cfg["target"]["abis"]:
-            if abi["name"] in model["skipped"] or (built is not None and abi["name"] not in built):
+        for abi in cfg.target.abis:
+            if abi["name"] in model.skipped or (model.abis is not None and abi["name"] not in model.abis):
                 continue
             prefix = f"{name}:{abi['name']}"
             vmfb = ctx.input(f"{prefix}:model.vmfb")
@@ -75,39 +147,39 @@ def run(ctx) -> None:
                                "tools": validate_step["key_parts"]["tools"]},
             }
         models[name] = {
-            "description": model["description"],
-            "source": model["source"],
-            "licenses": model["licenses"],
+            "description": model.description,
+            "source": model.source,
+            "licenses": list(model.licenses),
             "io": {"inputs": [{k: e[k] for k in ("name", "shape", "dtype")} for e in golden["inputs"]],
                    "outputs": [{k: e[k] for k in ("name", "shape", "dtype")}
                                for e in golden["outputs"]]},
             "static_model": {"sha256": sha256_file(ctx.input(f"{name}:static.onnx")),
                              "ops": static["ops"]},
             "artifacts": artifacts,
-            "skipped": model["skipped"],  # ABI -> why this model is not built for it
+            "skipped": model.skipped,  # ABI -> why this model is not built for it
             # shape variants (shapes.py): `shape_of`/`shape` on each, `shapes` on the model
-            **{k: model[k] for k in ("shape_of", "shape", "shapes") if k in model},
+            **{k: v for k, v in model.as_key().items() if k in ("shape_of", "shape", "shapes")},
         }
-        if "variant_of" in model:  # a precision variant (pipeline/variants.py): IREE only
+        if model.variant_of:  # a precision variant (pipeline/variants.py): IREE only
             _variant_fields(ctx, model, models[name])
             continue
-        for abi in [a for a in cfg["target"].get("tvm_abis", []) if a["name"] in model.get("tvm_abis", [])]:
+        for abi in [a for a in cfg.target.tvm_abis if a["name"] in model.tvm_abis]:
             artifacts[abi["name"]] = _tvm_artifact(ctx, f"{name}:{abi['name']}", abi)
         report = _json(ctx, f"{name}:coverage.json")
         models[name]["coverage"] = report["compilers"]  # per compiler: status, unsupported ops, basis
         models[name]["skipped"] = dict(sorted({
-            **model["skipped"],
+            **model.skipped,
             **{abi: f"op coverage: {compiler.upper()} cannot take "
                     + ", ".join(sorted({u["op"] for u in entry["unsupported"]}))
                for compiler, entry in report["compilers"].items() if entry["status"] == "skipped"
                for abi in entry["abis"]}}.items()))
         if f"{name}:choice.json" in ctx.step.inputs:
             models[name]["choice"] = _choice(_json(ctx, f"{name}:choice.json"), artifacts)
-    manifest = {"schema": SCHEMA, "target": {k: cfg["target"][k] for k in (
+    manifest = {"schema": SCHEMA, "target": {k: v for k, v in cfg.target.as_key().items() if k in (
                     "name", "description", "definition_sha256", "fallback")},
                 "models": models}
-    if cfg["target"].get("ship"):
-        manifest["target"]["ship"] = cfg["target"]["ship"]
+    if cfg.target.ship:
+        manifest["target"]["ship"] = list(cfg.target.ship)
     ctx.output("manifest.json").write_text(pretty_json(manifest))
 
 
@@ -179,9 +251,9 @@ def steps(project) -> list:
 def _artifact_inputs(inputs: dict, prefix: str, compiled: Path, checked: Path, artifact: str) -> None:
     inputs[f"{prefix}:{artifact}"] = compiled / artifact
     inputs[f"{prefix}:compile.json"] = compiled / "compile.json"
-    inputs[f"{prefix}:compile.step"] = compiled / "step.json"
+    inputs[f"{prefix}:compile.step"] = compiled / RECORD
     inputs[f"{prefix}:validation.json"] = checked / "validation.json"
-    inputs[f"{prefix}:validate.step"] = checked / "step.json"
+    inputs[f"{prefix}:validate.step"] = checked / RECORD
 
 
 def manifest_step(project, target) -> Step:
@@ -210,30 +282,30 @@ def manifest_step(project, target) -> Step:
             if budget(model, target):
                 tuned = layout.artifact_stage(target.name, model.name, abi.name, "tvm_tune")
                 inputs[f"{prefix}:tune.json"] = tuned / "tune.json"
-                inputs[f"{prefix}:tune.step"] = tuned / "step.json"
-    models_cfg = [{"name": m.name, "description": m.description,
-                   "source": {"file": m.source.name, "sha256": m.source_sha256,
-                              **({"format": m.source_format, "route": ROUTES[m.source_format],
-                                  "golden": GOLDEN[m.source_format]}
-                                 if m.source_format != "onnx" else {})},
-                   **({"shape_of": m.shape_of, "shape": m.shape} if m.shape_of else {}),
-                   **({"shapes": list(m.shapes)} if m.shapes else {}),
-                   "licenses": [p.name for p in m.licenses],
-                   "skipped": {a.name: m.skip_reason(a.name) for a in target.all_abis
-                               if m.skip_reason(a.name)},
-                   "abis": [a.name for a in target.abis if built(project, m, target, a)],
-                   "tvm_abis": [a.name for a in tvm_abis(project, m, target)]} for m in models]
-    # precision variants are IREE-only: no TVM ABIs
-    models_cfg += [{**v, "tvm_abis": []} for m in models for v in _variant_models(layout, m, target)]
-    target_cfg = {"name": target.name, "description": target.description,
-                  "definition_sha256": target.sha256, "fallback": list(target.fallback),
-                  "abis": [{"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis],
-                  "tvm_abis": [{"name": a.name, **a.compile_config(), "run": a.run}
-                               for a in target.tvm_abis],
-                  "ship": [dict(s) for s in target.ship]}
+                inputs[f"{prefix}:tune.step"] = tuned / RECORD
+    entries = [ModelEntry(name=m.name, description=m.description,
+                          source={"file": m.source.name, "sha256": m.source_sha256,
+                                  **({"format": m.source_format, "route": ROUTES[m.source_format],
+                                      "golden": GOLDEN[m.source_format]}
+                                     if m.source_format != "onnx" else {})},
+                          shape_of=m.shape_of, shape=m.shape if m.shape_of else None,
+                          shapes=tuple(m.shapes),
+                          licenses=tuple(p.name for p in m.licenses),
+                          skipped={a.name: m.skip_reason(a.name) for a in target.all_abis
+                                   if m.skip_reason(a.name)},
+                          abis=tuple(a.name for a in target.abis if built(project, m, target, a)),
+                          tvm_abis=tuple(a.name for a in tvm_abis(project, m, target)))
+               for m in models]
+    entries += [v for m in models for v in _variant_models(layout, m, target)]
+    target_entry = TargetEntry(
+        name=target.name, description=target.description, definition_sha256=target.sha256,
+        fallback=tuple(target.fallback),
+        abis=tuple({"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis),
+        tvm_abis=tuple({"name": a.name, **a.compile_config(), "run": a.run} for a in target.tvm_abis),
+        ship=tuple(dict(s) for s in target.ship))
     return Step(stage="manifest", name=target.name, version=VERSION,
-                config={"target": target_cfg, "models": models_cfg}, inputs=inputs,
-                outputs=OUTPUTS, out_dir=layout.root / target.name, tools=(),
+                config=Config(target=target_entry, models=tuple(entries)), inputs=inputs,
+                outputs=OUTPUTS, out_dir=layout.target_dir(target.name), tools=(),
                 action=run, layout=layout, owns_dir=False,
                 doc=f"artifacts/{target.name}/manifest.json: every validated artifact with its sha256",
                 where={"target": target.name})
@@ -259,27 +331,28 @@ def _variant_inputs(layout, model, target) -> dict:
     return inputs
 
 
-def _variant_models(layout, model, target) -> list[dict]:
-    """The config entries of the model's variants (after every model's own)."""
-    return [{"name": full_name(model, v),
-             "description": f"{model.description} [{v.precision} variant {v.name!r}]",
-             "source": {"file": model.source.name, "sha256": model.source_sha256},
-             "licenses": [p.name for p in model.licenses],
-             "skipped": {a.name: variant_skip_reason(model, v, a, layout.cache) for a in target.abis
-                         if variant_skip_reason(model, v, a, layout.cache)},
-             "variant_of": model.name, "precision": v.precision} for v in model.variants]
+def _variant_models(layout, model, target) -> list[ModelEntry]:
+    """The config entries of the model's variants (after every model's own): IREE only."""
+    return [ModelEntry(name=full_name(model, v),
+                       description=f"{model.description} [{v.precision} variant {v.name!r}]",
+                       source={"file": model.source.name, "sha256": model.source_sha256},
+                       licenses=tuple(p.name for p in model.licenses),
+                       skipped={a.name: variant_skip_reason(model, v, a, layout.cache)
+                                for a in target.abis if variant_skip_reason(model, v, a, layout.cache)},
+                       tvm_abis=(), variant_of=model.name, precision=v.precision)
+            for v in model.variants]
 
 
-def _variant_fields(ctx, cfg: dict, entry: dict) -> None:
+def _variant_fields(ctx, cfg: ModelEntry, entry: dict) -> None:
     """Complete a variant's manifest entry: what it is a variant of, how it was made, its gate."""
-    name = cfg["name"]
+    name = cfg.name
     quantized = json.loads(ctx.input(f"{name}:static.json").read_text())
     gate = json.loads(ctx.input(f"{name}:accuracy.json").read_text())
-    entry["variant_of"], entry["precision"] = cfg["variant_of"], cfg["precision"]
+    entry["variant_of"], entry["precision"] = cfg.variant_of, cfg.precision
     entry["static_model"]["path"] = ctx.step.layout.relative(ctx.input(f"{name}:static.onnx"))
     entry["quantization"] = quantized["summary"]
     entry["accuracy"] = gate["summary"]
     for abi, art in entry["artifacts"].items():
-        art["precision"] = cfg["precision"]
+        art["precision"] = cfg.precision
         validation = json.loads(ctx.input(f"{name}:{abi}:validation.json").read_text())
         art["validation"]["vs_fp32"] = validation["vs_fp32"]

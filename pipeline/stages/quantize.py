@@ -19,8 +19,11 @@ import contextlib
 import io
 import json
 import logging
-from ..core.steps import Step
-from ..spec.variants import full_name
+from dataclasses import dataclass
+
+from ..core.steps import StageConfig, Step, key_value
+from ..core.store import pretty_json
+from ..spec.variants import IO_DTYPES, METHODS, PRECISIONS, full_name
 from .plan import static_model, variant_inputs, variant_preprocessing, variant_tools
 
 VERSION = 1
@@ -31,6 +34,94 @@ _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"
 # TensorRT does); Percentile takes onnxruntime's 2048 bins.
 _CALIBRATOR_OPTIONS = {"minmax": {}, "entropy": {"num_bins": 2048, "num_quantized_bins": 128},
                        "percentile": {"num_bins": 2048}}
+INT8_SCHEME = {"format": "QDQ", "activations": "int8", "weights": "int8"}  # what int8 means here
+SAMPLE_KINDS = ("image", "npy", "npz")
+
+
+@dataclass(frozen=True)
+class Samples(StageConfig):
+    """A data set (calibration, evaluation) as step configs hold it: the files are step inputs."""
+    kind: str                       # image | npy | npz
+    files: tuple[str, ...]          # the samples' file names, in order
+
+    def problems(self):
+        if self.kind not in SAMPLE_KINDS:
+            yield f"kind must be one of {', '.join(SAMPLE_KINDS)}, got {self.kind!r}"
+
+
+def sample_inputs_problems(inputs: tuple, preprocessing: dict):
+    """The rules of the inputs and preprocessing the variant stages turn samples into feeds with."""
+    if not inputs or any(set(i) != {"name", "shape", "dtype"} for i in inputs):
+        yield "inputs must list each model input as {name, shape, dtype}"
+    names = {i.get("name") for i in inputs}
+    unknown = sorted(set(preprocessing) - names)
+    if unknown:
+        yield f"preprocessing names inputs the model does not have: {', '.join(unknown)}"
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    precision: str                       # int8 | fp16
+    exclude_nodes: tuple[str, ...]       # nodes left in fp32
+    inputs: tuple[dict, ...]             # per model input: name, shape, dtype
+    preprocessing: dict                  # input name -> spec.calibration.Preprocessing as a dict
+    calibration: Samples | None          # int8: the samples ranges are measured on
+    method: str | None = None            # int8: minmax | entropy | percentile
+    percentile: float | None = None      # int8, method percentile: the percentile kept
+    per_channel: bool | None = None      # int8: per-channel weights (else per-tensor)
+    io_dtype: str | None = None          # fp16: the inputs/outputs' dtype, float32 | float16
+
+    def problems(self):
+        yield from sample_inputs_problems(self.inputs, self.preprocessing)
+        if self.precision not in PRECISIONS:
+            yield f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+        elif self.precision == "int8":
+            if self.calibration is None:
+                yield "an int8 variant needs calibration samples"
+            if self.method not in METHODS:
+                yield f"method must be one of {', '.join(METHODS)}, got {self.method!r}"
+            if (self.percentile is not None) != (self.method == "percentile"):
+                yield "percentile is given for method percentile, and only for it"
+            if not isinstance(self.per_channel, bool):
+                yield f"per_channel must be true or false, got {self.per_channel!r}"
+            if self.io_dtype is not None:
+                yield "io_dtype is for fp16 variants only"
+        else:
+            if self.io_dtype not in IO_DTYPES:
+                yield f"io_dtype must be one of {', '.join(IO_DTYPES)}, got {self.io_dtype!r}"
+            if (self.calibration, self.method, self.percentile, self.per_channel) != (None,) * 4:
+                yield "an fp16 variant is converted, not calibrated: no calibration, method, " \
+                      "percentile or per_channel"
+
+    def as_key(self) -> dict:
+        if self.precision == "fp16":
+            key = {"precision": "fp16", "exclude_nodes": list(self.exclude_nodes),
+                   "io_dtype": self.io_dtype}
+        else:
+            key = {"precision": "int8", **INT8_SCHEME, "method": self.method,
+                   "percentile": self.percentile, "per_channel": self.per_channel,
+                   "exclude_nodes": list(self.exclude_nodes)}
+        return {**key, "inputs": key_value(self.inputs), "preprocessing": key_value(self.preprocessing),
+                "calibration": key_value(self.calibration)}
+
+    @classmethod
+    def from_key(cls, key: dict) -> "Config":
+        scheme = {k: key[k] for k in INT8_SCHEME if k in key}
+        if scheme and scheme != INT8_SCHEME:
+            raise ValueError(f"{__name__}.Config: int8 is {INT8_SCHEME} here, got {scheme}")
+        rest = {k: v for k, v in key.items() if k not in INT8_SCHEME}
+        calibration = rest["calibration"] and Samples.from_key(rest["calibration"])
+        return cls(**{**rest, "calibration": calibration})
+
+    @classmethod
+    def of(cls, model, v) -> "Config":
+        """The config of variant `v` of `model` (spec.variants.VariantSpec)."""
+        common = dict(precision=v.precision, exclude_nodes=tuple(v.exclude_nodes),
+                      inputs=variant_inputs(model), preprocessing=variant_preprocessing(model))
+        if v.precision == "fp16":
+            return cls(**common, calibration=None, io_dtype=v.io_dtype)
+        return cls(**common, calibration=Samples.from_key(v.calibration.as_dict()),
+                   method=v.method, percentile=v.percentile, per_channel=v.per_channel)
 
 
 @contextlib.contextmanager
@@ -51,16 +142,16 @@ def _quiet(log):
             f.write(out.getvalue())
 
 
-def load_data(ctx, kind_key: str = "calibration") -> list[dict]:
-    """The data set's samples as model inputs; a bad sample is an error naming its file."""
+def load_data(ctx, kind_key: str, data: Samples) -> list[dict]:
+    """The data set's samples as model inputs (the step's inputs `<kind_key>:<file>`, turned into
+    feeds by its config's inputs and preprocessing); a bad sample is an error naming its file."""
     from ..spec.calibration import Preprocessing, SampleError, load_sample
-    data = ctx.config[kind_key]
-    pre = {k: Preprocessing.from_dict(v) for k, v in ctx.config["preprocessing"].items()}
+    pre = {k: Preprocessing.from_dict(v) for k, v in ctx.cfg.preprocessing.items()}
     samples = []
-    for name in data["files"]:
+    for name in data.files:
         try:
-            samples.append(load_sample(ctx.input(f"{kind_key}:{name}"), data["kind"],
-                                       ctx.config["inputs"], pre))
+            samples.append(load_sample(ctx.input(f"{kind_key}:{name}"), data.kind,
+                                       list(ctx.cfg.inputs), pre))
         except SampleError as exc:
             raise ctx.error(f"{kind_key} sample {exc}",
                             hint=f"fix or remove that file from the {kind_key} folder (every "
@@ -106,8 +197,8 @@ def _int8(ctx, model, out_path) -> dict:
                                           QuantType, create_calibrator, quantize_static,
                                           save_tensors_data)
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-    cfg = ctx.config
-    samples = load_data(ctx)
+    cfg = ctx.cfg
+    samples = load_data(ctx, "calibration", cfg.calibration)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -119,9 +210,9 @@ def _int8(ctx, model, out_path) -> dict:
     moved = constants_to_initializers(model)
     fp32 = ctx.scratch / "fp32.onnx"
     onnx.save(model, str(fp32))
-    method = getattr(CalibrationMethod, _METHODS[cfg["method"]])
-    options = {**_CALIBRATOR_OPTIONS[cfg["method"]],
-               **({"percentile": cfg["percentile"]} if cfg["method"] == "percentile" else {})}
+    method = getattr(CalibrationMethod, _METHODS[cfg.method])
+    options = {**_CALIBRATOR_OPTIONS[cfg.method],
+               **({"percentile": cfg.percentile} if cfg.method == "percentile" else {})}
     ranges = ctx.output("calibration.json")
     try:
         with _quiet(ctx.log):
@@ -132,8 +223,8 @@ def _int8(ctx, model, out_path) -> dict:
             save_tensors_data(calibrator.compute_data(), ranges)
             del calibrator
             quantize_static(str(fp32), str(out_path), None, quant_format=QuantFormat.QDQ,
-                            per_channel=cfg["per_channel"], activation_type=QuantType.QInt8,
-                            weight_type=QuantType.QInt8, nodes_to_exclude=cfg["exclude_nodes"],
+                            per_channel=cfg.per_channel, activation_type=QuantType.QInt8,
+                            weight_type=QuantType.QInt8, nodes_to_exclude=list(cfg.exclude_nodes),
                             calibrate_method=method, calibration_cache_path=str(ranges))
     except Exception as exc:  # onnxruntime raises whatever its passes raise
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
@@ -144,46 +235,46 @@ def _int8(ctx, model, out_path) -> dict:
         for scratch in ("fp32.onnx", "augmented.onnx"):
             (ctx.scratch / scratch).unlink(missing_ok=True)
     ranges.write_text(json.dumps(json.loads(ranges.read_text()), indent=1, sort_keys=True) + "\n")
-    return {"calibration": {"samples": len(samples), "method": cfg["method"],
-                            "percentile": cfg["percentile"], "per_channel": cfg["per_channel"],
-                            "calibrator_options": _CALIBRATOR_OPTIONS[cfg["method"]]},
+    return {"calibration": {"samples": len(samples), "method": cfg.method,
+                            "percentile": cfg.percentile, "per_channel": cfg.per_channel,
+                            "calibrator_options": _CALIBRATOR_OPTIONS[cfg.method]},
             "constants_as_initializers": moved}
 
 
 def _fp16(ctx, model, out_path) -> dict:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
-    cfg = ctx.config
+    cfg = ctx.cfg
     before = {n.name for n in model.graph.node}
     from onnxruntime.transformers.onnx_model import OnnxModel
     with _quiet(ctx.log):
-        half = convert_float_to_float16(model, keep_io_types=cfg["io_dtype"] == "float32",
-                                        node_block_list=cfg["exclude_nodes"])
+        half = convert_float_to_float16(model, keep_io_types=cfg.io_dtype == "float32",
+                                        node_block_list=list(cfg.exclude_nodes))
         OnnxModel(half).topological_sort()  # the converter appends its input Casts at the end
     onnx.save(half, str(out_path))
     casts = [{"node": n.name, "from": n.input[0], "to": n.output[0],
               "dtype": {1: "float32", 10: "float16"}.get(n.attribute[0].i, str(n.attribute[0].i))}
              for n in half.graph.node if n.op_type == "Cast" and n.name not in before]
-    return {"io_dtype": cfg["io_dtype"], "casts": casts}
+    return {"io_dtype": cfg.io_dtype, "casts": casts}
 
 
 def run(ctx) -> None:
     import onnx
-    cfg = ctx.config
+    cfg = ctx.cfg
     model = onnx.load(str(ctx.input("model")))
-    _check_nodes(ctx, model, cfg["exclude_nodes"])
+    _check_nodes(ctx, model, cfg.exclude_nodes)
     out_path = ctx.scratch / "reduced.onnx"
-    detail = (_int8 if cfg["precision"] == "int8" else _fp16)(ctx, model, out_path)
+    detail = (_int8 if cfg.precision == "int8" else _fp16)(ctx, model, out_path)
     reduced = onnx.load(str(out_path))
     out_path.unlink()
     contrib = sorted({f"{n.domain}::{n.op_type}" for n in reduced.graph.node
                       if n.domain not in ("", "ai.onnx")})
     if contrib:
-        raise ctx.error(f"the {cfg['precision']} model uses non-standard ops {', '.join(contrib)}, "
+        raise ctx.error(f"the {cfg.precision} model uses non-standard ops {', '.join(contrib)}, "
                         f"which IREE and TVM cannot compile", hint="report this: QDQ output "
                         "should hold standard ONNX ops only")
     ops = collections.Counter(n.op_type for n in reduced.graph.node)
-    if cfg["precision"] == "int8":
+    if cfg.precision == "int8":
         quantized = _quantized_nodes(reduced)
         if not quantized:
             raise ctx.error("nothing was quantized: onnxruntime found no op it quantizes (Conv, "
@@ -200,22 +291,21 @@ def run(ctx) -> None:
     reduced.graph.name = model.graph.name
     onnx.checker.check_model(reduced)
     ctx.output("model.onnx").write_bytes(reduced.SerializeToString(deterministic=True))
-    summary = {"precision": cfg["precision"], "exclude_nodes": cfg["exclude_nodes"], **detail}
-    if cfg["precision"] == "int8":
-        summary.update(format="QDQ", activations="int8", weights="int8")
-        summary["calibration"] = {**summary["calibration"], **_dataset(ctx, "calibration")}
+    summary = {"precision": cfg.precision, "exclude_nodes": list(cfg.exclude_nodes), **detail}
+    if cfg.precision == "int8":
+        summary.update(INT8_SCHEME)
+        summary["calibration"] = {**summary["calibration"], **_dataset(ctx, "calibration", cfg.calibration)}
     report = {"summary": summary, "ops": dict(sorted(ops.items())),
               "opset": max(o.version for o in reduced.opset_import if o.domain in ("", "ai.onnx")),
               "nodes": len(reduced.graph.node)}
-    ctx.output("quantize.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("quantize.json").write_text(pretty_json(report))
 
 
-def _dataset(ctx, key: str) -> dict:
+def _dataset(ctx, key: str, data: Samples) -> dict:
     """A data set as reports name it: its files with their sha256, and one sha256 over them all."""
     from ..core.store import canonical_json, sha256_file, sha256_text
-    files = [[n, sha256_file(ctx.input(f"{key}:{n}"))] for n in ctx.config[key]["files"]]
-    return {"kind": ctx.config[key]["kind"], "files": len(files),
-            "sha256": sha256_text(canonical_json(files))}
+    files = [[n, sha256_file(ctx.input(f"{key}:{n}"))] for n in data.files]
+    return {"kind": data.kind, "files": len(files), "sha256": sha256_text(canonical_json(files))}
 
 
 def _quantized_nodes(model) -> set[str]:
@@ -236,9 +326,7 @@ def quantize_step(layout, model, v) -> Step:
     data = {f"calibration:{p.name}": p for p in (v.calibration.files if v.calibration else ())}
     return Step(
         stage="quantize", name=name, version=VERSION,
-        config={**v.quantize_config(), "inputs": variant_inputs(model),
-                "preprocessing": variant_preprocessing(model),
-                "calibration": v.calibration.as_dict() if v.calibration else None},
+        config=Config.of(model, v),
         inputs={"model": static_model(layout, model), **data}, outputs=OUTPUTS[v.precision],
         out_dir=layout.model_stage(name, "quantize"), tools=variant_tools(v), action=run,
         layout=layout, where={"model": name},

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from ..core.tools import python_module_argv, run_tool
 from ..spec.sources import read_signature
 
 
@@ -22,17 +21,15 @@ def _nnef_tools(args: list[str], log: Path | None) -> None:
     """Run nnef-tools' converter in a child process (it prints freely and may exit), through
     `python -m pipeline.stages.nnef_fixes`: `nnef_tools.convert` with constant shape ops folded after
     reading a TFLite file (see nnef_fixes.fold_shape_ops)."""
-    argv = [sys.executable, "-m", "pipeline.stages.nnef_fixes", *args]
-    repo = str(Path(__file__).resolve().parent.parent)  # --custom-converters imports pipeline.stages.nnef_fixes
+    repo = str(Path(__file__).resolve().parents[2])  # --custom-converters imports pipeline.stages.nnef_fixes
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if log:
-        with open(log, "a") as fh:
-            fh.write(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}\n# exit {proc.returncode}\n")
-    if proc.returncode != 0 or "cannot be converted" in proc.stdout + proc.stderr:
-        lines = [l for l in (proc.stderr + proc.stdout).splitlines() if l.strip()]
+    result = run_tool(python_module_argv("pipeline.stages.nnef_fixes", *args), log=log,
+                      what="nnef-tools", env=env, check=False)
+    if result.returncode != 0 or "cannot be converted" in result.output:
+        lines = [l for l in result.output.splitlines() if l.strip()]
         detail = [l for l in lines if "not implemented" in l or "Error" in l or "error" in l]
-        raise ConversionError("; ".join(dict.fromkeys(detail or lines[-1:]))[:600] or f"exit {proc.returncode}")
+        raise ConversionError("; ".join(dict.fromkeys(detail or lines[-1:]))[:600]
+                              or f"exit {result.returncode}")
 
 
 def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> None:

@@ -24,13 +24,37 @@ the same values) and listed in static.json under `rewrites`:
 from __future__ import annotations
 
 import collections
-import json
-from ..core.steps import Step
-from .plan import ENTRY, golden_files
+from dataclasses import dataclass
+
+from ..core.steps import StageConfig, Step
+from ..core.store import pretty_json
 from ..run.ort import session
+from .plan import ENTRY, golden_files
 
 VERSION = 3  # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather rewrite
 OUTPUTS = ("model.onnx", "static.json")
+TOLERANCE_KEYS = ("max_abs", "mean_abs", "cosine")
+
+
+def tolerance_problems(name: str, tolerance: dict):
+    """The rule of a tolerance as numerics.compare takes it (the stages compare with golden)."""
+    if sorted(tolerance) != sorted(TOLERANCE_KEYS) or not all(
+            isinstance(tolerance[k], (int, float)) and not isinstance(tolerance[k], bool)
+            for k in TOLERANCE_KEYS):
+        yield f"{name} must give the numbers {', '.join(TOLERANCE_KEYS)}, got {tolerance!r}"
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    inputs: tuple[dict, ...]    # per input: name, shape (every dim bound), dtype
+    tolerance: dict             # the simplified model vs golden: max_abs, mean_abs, cosine
+
+    def problems(self):
+        if not self.inputs or any(set(i) != {"name", "shape", "dtype"} for i in self.inputs):
+            yield "inputs must list each input as {name, shape, dtype}"
+        elif any(not all(isinstance(d, int) and d > 0 for d in i["shape"]) for i in self.inputs):
+            yield "every input dim must be bound to a positive integer"
+        yield from tolerance_problems("tolerance", self.tolerance)
 
 
 def _dims(value_info) -> list:
@@ -164,7 +188,7 @@ def run(ctx) -> None:
     from ..core.numerics import compare, describe_failures, summary
 
     model = onnx.load(str(ctx.input("model")))
-    shapes = {i["name"]: i["shape"] for i in ctx.config["inputs"]}
+    shapes = {i["name"]: i["shape"] for i in ctx.cfg.inputs}
     nodes_before = len(model.graph.node)
     bind_inputs(model, shapes)
     localize_subgraphs(model.graph)
@@ -209,7 +233,7 @@ def run(ctx) -> None:
     except Exception as exc:
         raise ctx.error(f"onnxruntime cannot run the simplified model: "
                         f"{str(exc).strip().splitlines()[-1]}")
-    result = compare(actual, expected, [o["name"] for o in doc["outputs"]], ctx.config["tolerance"])
+    result = compare(actual, expected, [o["name"] for o in doc["outputs"]], ctx.cfg.tolerance)
     if not result["passed"]:
         raise ctx.error(f"the simplified model differs from the original in onnxruntime: "
                         f"{describe_failures(result)} ({summary(result)})",
@@ -221,7 +245,7 @@ def run(ctx) -> None:
               "inputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.input],
               "outputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.output],
               "rewrites": rewrites, "vs_original": result}
-    ctx.output("static.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("static.json").write_text(pretty_json(report))
 
 
 # ----------------------------------------------------------------------------- steps
@@ -233,9 +257,9 @@ def static_step(layout, model) -> Step:
     inputs = {"model": layout.model_stage(model.base, "import") / "model.onnx",
               **golden_files(layout, model)}
     return Step(stage="static", name=model.name, version=VERSION,
-                config={"inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
-                                   for i in model.inputs],
-                        "tolerance": model.tolerance.as_dict()},
+                config=Config(inputs=tuple({"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
+                                           for i in model.inputs),
+                              tolerance=model.tolerance.as_dict()),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.model_stage(model.name, "static"),
                 tools=("onnx", "onnxsim", "onnxruntime", "numpy"), action=run,

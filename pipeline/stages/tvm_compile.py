@@ -26,27 +26,67 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.steps import StageConfig, Step, key_value
+from ..core.store import pretty_json
 from ..core.tools import describe_exit, python_module_argv, run_tool, tail
 from ..spec.tvm import DATABASE
-from ..core.steps import Step
-from .plan import ENTRY, abi_step_name, budget, compiler_of, proxy_pairs, skipped, static_model, tvm_abis, where
+from .plan import (ENTRY, abi_step_name, budget, compiler_of, proxy_pairs, skipped, static_model,
+                   tvm_abis, where)
 
 VERSION = 1
 OUTPUTS = ("model.so", "compile.json")
 FORMAT = "tvm-so"
 TOOLS = ("apache-tvm", "apache-tvm-ffi", "onnx")
-_ARCHES = {"aarch64": ("aarch64-linux-gnu", "aarch64-linux-gnu-g++"),
-           "x86_64": ("x86_64-linux-gnu", "g++")}
-_KEYS = {"compiler", "arch", "triple", "cpu", "cpu_features", "num_cores", "run", "tune"}
-_RUN_KEYS = {"via", "qemu_cpu"}
-_TUNE_KEYS = {"tracker", "key"}
+
+
+@dataclass(frozen=True)
+class Budget(StageConfig):
+    """A MetaSchedule budget: trials in all, at most per_task on any one task."""
+    trials: int
+    per_task: int
+
+    def problems(self):
+        for name in ("trials", "per_task"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                yield f"{name} must be a positive integer, got {value!r}"
+
+
+@dataclass(frozen=True)
+class Config(StageConfig):
+    """A TVM ABI's compile config (spec TvmAbi.compile_config), the entry point, the tuning."""
+    compiler: str                   # tvm
+    backend: str                    # llvm (TVM's target kind)
+    arch: str                       # aarch64 | x86_64
+    triple: str
+    cpu: str                        # LLVM -mcpu
+    cpu_features: tuple[str, ...]   # LLVM -mattr
+    num_cores: int                  # MetaSchedule's parallelism hint
+    target: dict                    # the TVM target dict made of the above
+    linker: str                     # the C++ driver that links model.so
+    entry: str                      # the compiled entry point
+    tuning: Budget | None           # the budget of the database applied (None: untuned)
+
+    def problems(self):
+        if (self.compiler, self.backend) != ("tvm", "llvm"):
+            yield f"compiler and backend must be tvm and llvm, got {self.compiler!r}, {self.backend!r}"
+        if self.target.get("kind") != "llvm" or self.target.get("mcpu") != self.cpu:
+            yield f"target must be the LLVM target dict of cpu {self.cpu!r}, got {self.target!r}"
+        if not self.entry:
+            yield "entry must name the compiled entry point"
+
+    @classmethod
+    def from_key(cls, key: dict) -> "Config":
+        return cls(**{**key, "tuning": key["tuning"] and Budget.from_key(key["tuning"])})
 
 
 # ----------------------------------------------------------------------------- the stage
 def compile_argv(model: Path, config: dict, out: Path, database: Path | None) -> list[str]:
-    """The child command that compiles `model` for `config` into `out` (pure: no toolchain)."""
+    """The child command that compiles `model` into `out` for `config` (a Config's key, or any
+    dict with its target, linker and entry: bench/compilers.py makes one); pure: no toolchain."""
     argv = python_module_argv("pipeline.stages.tvm_compile", "--model", str(model), "--out", str(out),
                               "--target", json.dumps(config["target"], sort_keys=True),
                               "--linker", config["linker"], "--entry", config["entry"])
@@ -58,15 +98,16 @@ def compile_argv(model: Path, config: dict, out: Path, database: Path | None) ->
 def run(ctx) -> None:
     import shutil
 
+    cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     database = None
-    if ctx.config["tuning"]:
+    if cfg.tuning:
         database = ctx.scratch / "database"  # a private copy: TVM's JSONDatabase opens for append
         database.mkdir()
         for name in ("database_workload.json", "database_tuning_record.json"):
             shutil.copyfile(ctx.input(name), database / name)
     so = ctx.output("model.so")
-    result = run_tool(compile_argv(ctx.input("model"), ctx.config, so, database), log=ctx.log,
+    result = run_tool(compile_argv(ctx.input("model"), cfg.as_key(), so, database), log=ctx.log,
                       what="TVM compile", check=False, timeout=3600, **where)
     if database is not None:
         shutil.rmtree(database)
@@ -80,11 +121,11 @@ def run(ctx) -> None:
                         f"{tail(result.output)}", log=True,
                         hint="read the log; the target comes from the ABI in the target's YAML")
     summary = json.loads(result.output.strip().splitlines()[-1])
-    report = {"compiler": "tvm", "target": ctx.config["target"], "linker": ctx.config["linker"],
-              "entry": ctx.config["entry"], "size": so.stat().st_size,
-              "tuning": ctx.config["tuning"], "tuned_workloads": summary["tuned_workloads"],
+    report = {"compiler": "tvm", "target": cfg.target, "linker": cfg.linker,
+              "entry": cfg.entry, "size": so.stat().st_size,
+              "tuning": key_value(cfg.tuning), "tuned_workloads": summary["tuned_workloads"],
               "tuning_records": summary["tuning_records"]}
-    ctx.output("compile.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("compile.json").write_text(pretty_json(report))
 
 
 def _not_implemented(output: str) -> list[str]:
@@ -116,8 +157,8 @@ def compile_step(project, model, target, abi) -> Step:
         for name in DATABASE:
             inputs[name] = tuned / name
     return Step(stage="tvm_compile", name=abi_step_name(model, target, abi), version=VERSION,
-                config={**abi.compile_config(), "entry": ENTRY,
-                        "tuning": {k: tuning[k] for k in ("trials", "per_task")} if tuning else None},
+                config=Config(**abi.compile_config(), entry=ENTRY,
+                              tuning=Budget(tuning["trials"], tuning["per_task"]) if tuning else None),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "tvm_compile"),
                 tools=TOOLS + (abi.cross_compiler,), action=run, layout=layout,

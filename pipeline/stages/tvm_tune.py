@@ -34,33 +34,54 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import PipelineError
+from ..core.steps import StageConfig, Step
+from ..core.store import pretty_json, sha256_file
+from ..core.tools import cpu_model, distribution_version, python_module_argv, run_tool
 from ..spec.tvm import DATABASE
-from ..core.store import sha256_file
-from ..core.tools import distribution_version, python_module_argv
-from ..core.steps import Step
-from .plan import abi_step_name, budget, compiler_of, proxy_pairs, skipped, static_model, tvm_abis, where
+from .plan import (abi_step_name, budget, compiler_of, proxy_pairs, skipped, static_model, tvm_abis,
+                   where)
+from .tvm_compile import Budget
 
 VERSION = 1
 OUTPUTS = (*DATABASE, "tune.json")
 TOOLS = ("apache-tvm", "apache-tvm-ffi", "xgboost-cpu", "onnx")
-_TUNE_KEYS = {"trials", "per_task", "in_build"}
-_TVM_KEYS = {"tune", "database"}
 TRIALS_PER_ITER = 8
 BUILDER_TIMEOUT_S = 300  # a single kernel builds in ~2 s, but a loaded 2-core machine needs slack
 SEED = 0
+PROGRESS = "[tune] "  # the tuning child's progress lines start with it
 
 
-def identity(static_sha256: str, target: dict, budget: dict) -> dict:
+@dataclass(frozen=True)
+class Config(StageConfig):
+    target: dict            # the TVM target dict (TvmAbi.target_dict)
+    target_name: str        # the target's name, for `doit tune target=...`
+    budget: Budget
+    linker: str             # the C++ driver candidates are linked with (g++, aarch64-linux-gnu-g++)
+    cross: bool             # the ABI's artifacts run elsewhere: candidates are timed on boards
+    pinned: str | None      # the pinned database's folder, as the model spec names it
+
+    def problems(self):
+        if self.target.get("kind") != "llvm":
+            yield f"target must be an LLVM target dict, got {self.target!r}"
+        if not isinstance(self.cross, bool):
+            yield f"cross must be true or false, got {self.cross!r}"
+
+    @classmethod
+    def from_key(cls, key: dict) -> "Config":
+        return cls(**{**key, "budget": Budget.from_key(key["budget"])})
+
+
+def identity(static_sha256: str, target: dict, budget: Budget) -> dict:
     """What a database is for: a pinned one must match this exactly to be applied."""
     return {"static_model_sha256": static_sha256, "target": target,
             "tvm": {d: distribution_version(d) for d in ("apache-tvm", "apache-tvm-ffi")},
-            "trials": budget["trials"], "per_task": budget["per_task"]}
+            "trials": budget.trials, "per_task": budget.per_task}
 
 
 # ----------------------------------------------------------------------------- the step
@@ -70,22 +91,22 @@ def action(allow_tuning: bool, farm: dict | None = None):
 
 
 def run(ctx, allow_tuning: bool, farm: dict) -> None:
-    cfg = ctx.config
+    cfg = ctx.cfg
     static_sha = sha256_file(ctx.input("model"))
-    want = identity(static_sha, cfg["target"], cfg["budget"])
-    if cfg["pinned"]:
+    want = identity(static_sha, cfg.target, cfg.budget)
+    if cfg.pinned:
         _apply_pinned(ctx, want)
         return
     if not allow_tuning:
         raise ctx.error(
-            f"a TVM tuning budget of {cfg['budget']['trials']} trials is set for this model and "
+            f"a TVM tuning budget of {cfg.budget.trials} trials is set for this model and "
             f"target, and no database was tuned for it yet (the store has none under this key)",
-            hint=f"run `doit tune target={cfg['target_name']}` first (MetaSchedule; roughly "
-                 f"{cfg['budget']['trials'] * 3 // 60 + 1} min on 2 cores), or pin a database "
-                 f"(tvm.database in model.yaml), or set tvm.tune.{cfg['target_name']} to 0 "
+            hint=f"run `doit tune target={cfg.target_name}` first (MetaSchedule; roughly "
+                 f"{cfg.budget.trials * 3 // 60 + 1} min on 2 cores), or pin a database "
+                 f"(tvm.database in model.yaml), or set tvm.tune.{cfg.target_name} to 0 "
                  f"(untuned), or `in_build: true` to let the build tune")
     report = _tune(ctx, want, farm)
-    ctx.output("tune.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("tune.json").write_text(pretty_json(report))
 
 
 def _apply_pinned(ctx, want: dict) -> None:
@@ -101,25 +122,25 @@ def _apply_pinned(ctx, want: dict) -> None:
     if problems:
         raise ctx.error(f"the pinned tuning database {ctx.input('pinned:tune.json').parent} was "
                         f"tuned for something else, refused: " + "; ".join(problems),
-                        hint=f"re-tune: doit tune target={ctx.config['target_name']} "
+                        hint=f"re-tune: doit tune target={ctx.cfg.target_name} "
                              f"model={ctx.step.where['model']} pin=1 (it replaces the pinned "
-                             f"files), or remove tvm.database.{ctx.config['target_name']}")
+                             f"files), or remove tvm.database.{ctx.cfg.target_name}")
     for name in DATABASE:
         shutil.copyfile(ctx.input(f"pinned:{name}"), ctx.output(name))
-    report = {**meta, "source": "pinned", "pinned_at": ctx.config["pinned"]}
-    ctx.output("tune.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    report = {**meta, "source": "pinned", "pinned_at": ctx.cfg.pinned}
+    ctx.output("tune.json").write_text(pretty_json(report))
 
 
 def _tune(ctx, want: dict, farm: dict) -> dict:
-    cfg = ctx.config
+    cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     work = ctx.scratch / "work"
     argv = python_module_argv(
         "pipeline.stages.tvm_tune", "--model", str(ctx.input("model")), "--work-dir", str(work),
-        "--target", json.dumps(cfg["target"], sort_keys=True), "--linker", cfg["linker"],
-        "--trials", str(cfg["budget"]["trials"]), "--per-task", str(cfg["budget"]["per_task"]),
+        "--target", json.dumps(cfg.target, sort_keys=True), "--linker", cfg.linker,
+        "--trials", str(cfg.budget.trials), "--per-task", str(cfg.budget.per_task),
         "--per-iter", str(TRIALS_PER_ITER), "--seed", str(SEED))
-    if cfg["cross"] or farm.get("tracker"):
+    if cfg.cross or farm.get("tracker"):
         tracker, key = farm.get("tracker"), farm.get("key")
         if not tracker or not key:
             raise ctx.error("tuning for this target measures on boards through a TVM RPC tracker, "
@@ -132,16 +153,11 @@ def _tune(ctx, want: dict, farm: dict) -> dict:
         measured_on = {"runner": "rpc", "tracker": tracker, "key": key,
                        "emulated": bool(farm.get("emulated"))}
     else:
-        measured_on = {"runner": "local", "machine": _cpu_model(), "emulated": False}
+        measured_on = {"runner": "local", "machine": cpu_model(), "emulated": False}
     started = time.time()
     scheduler_log = work / "logs" / "tvm.s_tir.meta_schedule.logging.task_scheduler.log"
-    rc, lines = stream(argv, ctx.log, prefix="[tune] ", follow=scheduler_log)
-    if rc != 0:
-        tail_text = "\n".join("    " + l for l in lines[-15:])
-        raise PipelineError(f"MetaSchedule tuning failed (exit code {rc}):\n{tail_text}",
-                            log=str(ctx.log), hint="read the log; nothing was published, so "
-                            "no partial database is ever applied", **where)
-    summary = json.loads(lines[-1])
+    result = _run_following(argv, ctx.log, scheduler_log, where)
+    summary = json.loads([l for l in result.output.splitlines() if not l.startswith(PROGRESS)][-1])
     for name in DATABASE:
         shutil.copyfile(work / name, ctx.output(name))
     report = {"identity": want, "source": "tuned", "measured_on": measured_on,
@@ -151,16 +167,6 @@ def _tune(ctx, want: dict, farm: dict) -> dict:
         report["latencies_note"] = ("measured on an emulated board (qemu): they prove the "
                                     "plumbing only and are no performance figure")
     return report
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 SCHEDULER_NEWS = ("picks Task", "Sending", "Build errors", "has finished")
@@ -184,38 +190,24 @@ def _follow(path: Path, prefix: str, done) -> None:
                 print(f"{prefix}{line.split('] ', 2)[-1].strip()}", flush=True)
 
 
-def stream(argv: list[str], log: Path, prefix: str, follow: Path | None = None) -> tuple[int, list[str]]:
-    """Run a child, copying its output to `log`; lines starting with `prefix` are progress and
-    are printed as they come (as are the news of the log file `follow`). Returns (exit code,
-    the child's other stdout lines)."""
+def _run_following(argv: list[str], log: Path, follow: Path, where: dict):
+    """Run the tuning child (run_tool, streaming): its `[tune] ` lines are progress, printed as
+    they come, as are the news of the scheduler's log `follow`; everything goes to `log`."""
     import threading
-    log.parent.mkdir(parents=True, exist_ok=True)
-    lines = []
     done = threading.Event()
-    watcher = threading.Thread(target=_follow, args=(follow, prefix, done), daemon=True) if follow else None
-    if watcher:
-        watcher.start()
-    with open(log, "a") as out:
-        out.write(f"$ {' '.join(argv)}\n")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", stdin=subprocess.DEVNULL)
-        try:
-            for line in proc.stdout:
-                out.write(line)
-                out.flush()
-                line = line.rstrip("\n")
-                lines.append(line)
-                if line.startswith(prefix):
-                    print(line, flush=True)
-            rc = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            done.set()
-        out.write(f"[exit code {rc}]\n\n")
-    return rc, [l for l in lines if not l.startswith(prefix)] or lines
+    watcher = threading.Thread(target=_follow, args=(follow, PROGRESS, done), daemon=True)
+    watcher.start()
+    try:
+        return run_tool(argv, log=log, what="MetaSchedule tuning", on_line=_print_progress,
+                        hint="read the log; nothing was published, so no partial database is "
+                             "ever applied", **where)
+    finally:
+        done.set()
+
+
+def _print_progress(line: str) -> None:
+    if line.startswith(PROGRESS):
+        print(line, flush=True)
 
 
 # ----------------------------------------------------------------------------- the farm
@@ -267,12 +259,12 @@ def command(project, target: str | None, model: str | None, farm: dict, pin: boo
                                  f"model.yaml")
     lines = []
     for step in steps:
-        if step.config["pinned"]:
-            lines.append(f"{step.name}: a pinned database ({step.config['pinned']}) is in use; "
+        if step.cfg.pinned:
+            lines.append(f"{step.name}: a pinned database ({step.cfg.pinned}) is in use; "
                          f"`pin=1` tunes again and replaces it")
             continue
-        print(f"[tune] {step.name}: {step.config['budget']['trials']} trials "
-              f"(at most {step.config['budget']['per_task']} per task)", flush=True)
+        print(f"[tune] {step.name}: {step.cfg.budget.trials} trials "
+              f"(at most {step.cfg.budget.per_task} per task)", flush=True)
         how = execute(step)
         report = json.loads((step.out_dir / "tune.json").read_text())
         if how == "ran":
@@ -320,10 +312,10 @@ def tune_step(project, model, target, abi, allow_tuning=None, farm=None,
     if allow_tuning is None:
         allow_tuning = tuning["in_build"]
     return Step(stage="tvm_tune", name=abi_step_name(model, target, abi), version=VERSION,
-                config={"target": abi.target_dict(), "target_name": target.name,
-                        "budget": {k: tuning[k] for k in ("trials", "per_task")},
-                        "linker": abi.cross_compiler, "cross": abi.run["via"] != "python",
-                        "pinned": _relative(pinned, model) if pinned else None},
+                config=Config(target=abi.target_dict(), target_name=target.name,
+                              budget=Budget(tuning["trials"], tuning["per_task"]),
+                              linker=abi.cross_compiler, cross=abi.run["via"] != "python",
+                              pinned=_relative(pinned, model) if pinned else None),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "tvm_tune"),
                 tools=TOOLS, action=action(allow_tuning, farm), layout=layout,

@@ -11,41 +11,90 @@ A mismatch fails the step and leaves no validation.json behind.
 """
 from __future__ import annotations
 
-import json
-import platform
-
-from . import golden
-
-from ..run import vulkan
-from ..core.errors import PipelineError
-from ..core.store import sha256_file
-from ..core.numerics import compare, describe_failures, summary
-from ..core.tools import (SETUP_HINT, aarch64_runtime, distribution_version, python_module_argv,
-                    qemu_aarch64, run_tool)
-from pathlib import Path
 import dataclasses
 import os
+import platform
 import sys
-from ..core.steps import Step
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import PipelineError
+from ..core.numerics import compare, describe_failures, summary
+from ..core.steps import StageConfig, Step, key_value
+from ..core.store import pretty_json, sha256_file
+from ..core.tools import (SETUP_HINT, aarch64_runtime, aarch64_tvm, distribution_version,
+                          python_module_argv, qemu_aarch64, qemu_argv, run_tool)
+from ..run import vulkan
 from ..run.tvm_run import RUNNER as TVM_RUNNER
-from ..core.tools import aarch64_tvm
-from .plan import ENTRY, abi_step_name, built, compiler_of, golden_files, proxy_pairs, skipped, tvm_abis, variant_model, variant_skip_reason, where
+from ..spec.variants import PRECISIONS
+from . import golden
+from .plan import (ENTRY, abi_step_name, built, compiler_of, golden_files, proxy_pairs, skipped,
+                   tvm_abis, variant_model, variant_skip_reason, where)
+from .static import tolerance_problems
 
 VERSION = 1
 TVM_VERSION = 1   # TVM artifacts' validation (its own key version)
 OUTPUTS = ("validation.json",)
+VIAS = ("python", "qemu", "vulkan", "twin")
 
 
-def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) -> tuple[list, dict, dict | None]:
+@dataclass(frozen=True)
+class Config(StageConfig):
+    """An IREE artifact's validation: how it runs here, and what it must match."""
+    run: dict                           # the ABI's run: via python | qemu | vulkan | twin, and its settings
+    entry: str                          # the artifact's entry point
+    backend: str                        # the ABI's backend (llvm-cpu | vulkan-spirv)
+    tolerance: dict                     # vs golden: max_abs, mean_abs, cosine
+    precision: str | None = None        # a precision variant's: int8 | fp16 ...
+    reference_tolerance: dict | None = None  # ... and what it must hold to against fp32 (its gate)
+
+    def problems(self):
+        if self.run.get("via") not in VIAS:
+            yield f"run.via must be one of {', '.join(VIAS)}, got {self.run.get('via')!r}"
+        if not self.entry:
+            yield "entry must name the artifact's entry point"
+        yield from tolerance_problems("tolerance", self.tolerance)
+        if (self.precision is None) != (self.reference_tolerance is None):
+            yield "precision and reference_tolerance go together: a precision variant gives both"
+        elif self.precision is not None:
+            if self.precision not in PRECISIONS:
+                yield f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            yield from tolerance_problems("reference_tolerance", self.reference_tolerance)
+
+    def as_key(self) -> dict:
+        key = {"run": key_value(self.run), "entry": self.entry, "backend": self.backend,
+               "tolerance": key_value(self.tolerance)}
+        if self.precision is not None:  # a precision variant (the fp32 keys are unchanged)
+            key.update(precision=self.precision, reference_tolerance=key_value(self.reference_tolerance))
+        return key
+
+
+@dataclass(frozen=True)
+class TvmConfig(StageConfig):
+    """A TVM artifact's validation: how it runs here (natively or under qemu), what it must match."""
+    run: dict                           # the ABI's run: via python | qemu, device, qemu_cpu
+    entry: str
+    compiler: str                       # tvm
+    tolerance: dict                     # vs golden: max_abs, mean_abs, cosine
+
+    def problems(self):
+        if self.run.get("via") not in ("python", "qemu"):
+            yield f"run.via must be python or qemu, got {self.run.get('via')!r}"
+        if self.compiler != "tvm":
+            yield f"compiler must be tvm, got {self.compiler!r}"
+        yield from tolerance_problems("tolerance", self.tolerance)
+
+
+def runner_argv(config: Config, vmfb, inputs: list, outputs: list, where: dict) -> tuple[list, dict, dict | None]:
     """The command that runs `vmfb`, a description of where and how it ran, and its environment."""
-    run = config["run"]
+    run = config.run
     if run["via"] in ("vulkan", "twin"):
         env = vulkan.driver_env(run["driver"])
         devices, why = vulkan.query_devices(env)
         if not devices:
             raise PipelineError(f"cannot run Vulkan artifacts here: {why}", hint=SETUP_HINT, **where)
         argv = python_module_argv("pipeline.run.iree_run", "--module", str(vmfb), "--function",
-                                  config["entry"], "--device", "vulkan",
+                                  config.entry, "--device", "vulkan",
                                   *[a for p in inputs for a in ("--input", str(p))],
                                   *[a for p in outputs for a in ("--output", str(p))])
         executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
@@ -54,7 +103,7 @@ def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) ->
         return argv, executed, env
     if run["via"] == "python":
         argv = python_module_argv("pipeline.run.iree_run", "--module", str(vmfb), "--function",
-                                  config["entry"], "--device", run["device"],
+                                  config.entry, "--device", run["device"],
                                   *[a for p in inputs for a in ("--input", str(p))],
                                   *[a for p in outputs for a in ("--output", str(p))])
         executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
@@ -62,10 +111,10 @@ def runner_argv(config: dict, vmfb, inputs: list, outputs: list, where: dict) ->
                     "where": f"{platform.machine()} build host, natively"}
         return argv, executed, None
     rt = aarch64_runtime(**where)
-    argv = [qemu_aarch64(**where), "-L", "/usr/aarch64-linux-gnu", "-cpu", run["qemu_cpu"],
-            str(rt.run_module), f"--device={run['device']}", f"--module={vmfb}",
-            f"--function={config['entry']}",
-            *[f"--input=@{p}" for p in inputs], *[f"--output=@{p}" for p in outputs]]
+    argv = qemu_argv(run["qemu_cpu"], rt.run_module, f"--device={run['device']}",
+                     f"--module={vmfb}", f"--function={config.entry}",
+                     *[f"--input=@{p}" for p in inputs], *[f"--output=@{p}" for p in outputs],
+                     **where)
     executed = {"runtime": f"iree-run-module {rt.version} (aarch64 wheel)",
                 "device": run["device"], "emulated": True,
                 "where": f"qemu-aarch64-static -cpu {run['qemu_cpu']} on the "
@@ -83,14 +132,14 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    argv, executed, env = runner_argv(ctx.config, executable, inputs, outputs, where)
+    argv, executed, env = runner_argv(ctx.cfg, executable, inputs, outputs, where)
     run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
              hint=run_hint, timeout=3600, **where)
     actual = [np.load(p, allow_pickle=False) for p in outputs]
     for p in outputs:
         p.unlink()
     names = [o["name"] for o in doc["outputs"]]
-    result = compare(actual, expected, names, ctx.config["tolerance"])
+    result = compare(actual, expected, names, ctx.cfg.tolerance)
     if not result["passed"]:
         raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
                         f"({summary(result)})", hint=wrong_hint)
@@ -100,7 +149,8 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
 def run(ctx) -> None:
     import numpy as np
 
-    twin = ctx.config["run"]["via"] == "twin"
+    cfg = ctx.cfg
+    twin = cfg.run["via"] == "twin"
     doc, actual, names, executed, result = run_and_compare(
         ctx, ctx.input("twin.vmfb" if twin else "vmfb"), runner_argv,
         what="twin" if twin else "artifact",
@@ -109,43 +159,43 @@ def run(ctx) -> None:
         wrong_hint="the compiled artifact is numerically wrong for this tolerance: try without "
                    "the ABI's optional flags, or report it to IREE")
     vs_fp32 = None
-    if "reference_tolerance" in ctx.config:  # a precision variant: also against fp32, within its gate
+    if cfg.reference_tolerance is not None:  # a precision variant: also against fp32, within its gate
         reference = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False)
                      for e in doc["reference"]]
         vs_fp32 = compare([a.astype(r.dtype) for a, r in zip(actual, reference)], reference, names,
-                          ctx.config["reference_tolerance"])
+                          cfg.reference_tolerance)
         if not vs_fp32["passed"]:
-            raise ctx.error(f"the {ctx.config['precision']} artifact differs from fp32 beyond the "
+            raise ctx.error(f"the {cfg.precision} artifact differs from fp32 beyond the "
                             f"variant's gate: {describe_failures(vs_fp32)} ({summary(vs_fp32)})",
                             hint="the variant passed its gate in onnxruntime; the compiled form "
                                  "does not: compare with its own golden (validation.json)")
-    report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
+    report = {"status": "passed", "executed": executed, "tolerance": cfg.tolerance,
               "outputs": result["outputs"], "shipped_bytes_executed": not twin}
     if vs_fp32 is not None:
-        report["vs_fp32"] = {"tolerance": ctx.config["reference_tolerance"],
+        report["vs_fp32"] = {"tolerance": cfg.reference_tolerance,
                              "outputs": vs_fp32["outputs"]}
     if twin:
         # The shipped bytes were not run: say exactly what was, and what is still owed.
         report["status"] = "twin-passed"
-        report["twin"] = {"vulkan_target": ctx.config["run"]["twin"],
+        report["twin"] = {"vulkan_target": cfg.run["twin"],
                           "sha256": sha256_file(ctx.input("twin.vmfb")),
                           "shipped_sha256": sha256_file(ctx.input("vmfb")),
                           "why": "the shipped artifact assumes a device this machine does not "
                                  "have (its kernels would run here and return wrong numbers)",
                           "still_needed": "run the shipped artifact on the board and compare with "
                                           "golden before relying on it"}
-    ctx.output("validation.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("validation.json").write_text(pretty_json(report))
 
 
 # ----------------------------------------------------------------------------- TVM artifacts
-def tvm_runner_argv(config: dict, so: Path, inputs: list, outputs: list,
-                where: dict) -> tuple[list, dict, dict]:
+def tvm_runner_argv(config: TvmConfig, so: Path, inputs: list, outputs: list,
+                    where: dict) -> tuple[list, dict, dict]:
     """The command that runs `so`, where and how it ran, and its environment."""
-    args = [str(TVM_RUNNER), "--module", str(so), "--entry", config["entry"],
+    args = [str(TVM_RUNNER), "--module", str(so), "--entry", config.entry,
             *[a for p in inputs for a in ("--input", str(p))],
             *[a for p in outputs for a in ("--output", str(p))]]
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    run = config["run"]
+    run = config.run
     if run["via"] == "python":
         executed = {"runtime": f"apache-tvm {distribution_version('apache-tvm')} runtime "
                                f"(Relax VM, Python)",
@@ -169,9 +219,9 @@ def run_tvm(ctx) -> None:
         run_hint="read the log; SIGILL means the artifact uses CPU features the executing CPU lacks",
         wrong_hint="the TVM artifact is numerically wrong for this tolerance: compare with the "
                    "untuned build (tuning budget 0), or report it to TVM")
-    report = {"status": "passed", "executed": executed, "tolerance": ctx.config["tolerance"],
+    report = {"status": "passed", "executed": executed, "tolerance": ctx.cfg.tolerance,
               "outputs": result["outputs"], "shipped_bytes_executed": True}
-    ctx.output("validation.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.output("validation.json").write_text(pretty_json(report))
 
 
 # ----------------------------------------------------------------------------- steps
@@ -212,8 +262,8 @@ def validate_step(layout, model, target, abi) -> Step:
              "vulkan": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}"),
              "twin": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}")}[via]
     return Step(stage="validate", name=abi_step_name(model, target, abi), version=VERSION,
-                config={"run": abi.run, "entry": ENTRY, "backend": abi.backend,
-                        "tolerance": model.tolerance.as_dict()},
+                config=Config(run=abi.run, entry=ENTRY, backend=abi.backend,
+                              tolerance=model.tolerance.as_dict()),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
                 tools=tools, action=run, layout=layout,
@@ -229,8 +279,8 @@ def _variant(step, v):
     refs = {f"golden:reference_{k}.npy": folder / f"reference_{k}.npy" for k in range(n_out)}
     return dataclasses.replace(
         step, inputs={**step.inputs, **refs},
-        config={**step.config, "precision": v.precision,
-                "reference_tolerance": v.gate.sample_tolerance()},
+        config=dataclasses.replace(step.cfg, precision=v.precision,
+                                   reference_tolerance=v.gate.sample_tolerance()),
         doc=f"{step.doc}, and with fp32 within the gate")
 
 
@@ -240,8 +290,8 @@ def tvm_validate_step(layout, model, target, abi) -> Step:
     tools = ("apache-tvm", "numpy") if via == "python" else \
         ("tvm-aarch64", "qemu-aarch64-static", "numpy")
     return Step(stage="validate", name=abi_step_name(model, target, abi), version=TVM_VERSION,
-                config={"run": abi.run, "entry": ENTRY, "compiler": "tvm",
-                        "tolerance": model.tolerance.as_dict()},
+                config=TvmConfig(run=abi.run, entry=ENTRY, compiler="tvm",
+                                 tolerance=model.tolerance.as_dict()),
                 inputs={"model.so": compiled / "model.so", **golden_files(layout, model)},
                 outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
