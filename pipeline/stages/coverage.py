@@ -6,7 +6,7 @@ The step (per target and model, after `static`) does two things:
    model, its inputs bound to the spec's shapes, shape-inferred (subgraphs included), is checked
    against
      * IREE: `IREE_RULES`, a table of what IREE's ONNX path fails on. Each rule was reproduced
-       with a tiny model on IREE 3.13 (tests/test_coverage.py runs the real compiler on every
+       with a tiny model on IREE 3.13 (tests/e2e/test_coverage.py runs the real compiler on every
        rule, and on the claims that did *not* reproduce, so that a new IREE shows up there);
      * TVM: the converter map of the installed TVM's ONNX frontend (plus `If`, which the
        frontend handles itself), as recorded per TVM version by pipeline/compilers/tvm_ops.py
@@ -38,12 +38,12 @@ from ..core.tools import distribution_version, python_module_argv, run_tool
 from ..spec.sources import ROUTES
 from .plan import compilers, proxy_pairs, static_model, where
 
-VERSION = 1
+VERSION = 2  # 2: the basis names the table and its test where they now live (pipeline/stages/, tests/e2e/)
 OUTPUTS = ("coverage.json",)
 PREDICTION_VERSION = 1
 COMPILERS = ("iree", "tvm")
 STANDARD_DOMAINS = ("", "ai.onnx")
-TABLE = "pipeline/coverage.py"
+TABLE = "pipeline/stages/coverage.py"
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ IREE_RULES = {
 }
 # Claims in ../shared/TOOLCHAIN.md that tiny models did NOT reproduce on IREE 3.13.0 (they
 # compiled): If with a [1]-shaped condition, Loop, reflect Pad on 3-D tensors, forward GRU,
-# LSTM. They are not in the table; tests/test_coverage.py keeps checking that they compile.
+# LSTM. They are not in the table; tests/e2e/test_coverage.py keeps checking that they compile.
 
 
 def _attr(node, name, default):
@@ -277,7 +277,7 @@ def _run_unpredicted(ctx, cfg: Config) -> None:
 def _basis(compiler: str) -> str:
     if compiler == "iree":
         return (f"the IREE rules in {TABLE} (each reproduced on IREE 3.13.0 by tests/"
-                f"test_coverage.py), on the source model with the spec's shapes")
+                f"e2e/test_coverage.py), on the source model with the spec's shapes")
     return (f"the converter map of the installed TVM ONNX frontend (apache-tvm "
             f"{distribution_version('apache-tvm')}), on the source model")
 

@@ -136,9 +136,7 @@ def vulkan_target_record(target: str, features: str | None, memo_dir: Path | Non
     """What IREE compiles for a Vulkan target (its iree_gpu.target record: device features,
     subgroups): the recorded table (compilers/iree_targets.py); for a pair it lacks (features of
     the user's own), a one-op probe compile, memoised per IREE version."""
-    import subprocess
-    import tempfile
-    from ..compilers.iree_targets import PROBE_MLIR, lookup, requirements
+    from ..compilers.iree_targets import lookup, probe
     from ..core.tools import distribution_version
     version = distribution_version("iree-base-compiler")
     recorded = lookup(target, features, version)
@@ -149,17 +147,7 @@ def vulkan_target_record(target: str, features: str | None, memo_dir: Path | Non
     memo = memo_dir / "vulkan_target_records" / f"{key}.json" if memo_dir else None
     if memo and memo.is_file():
         return json.loads(memo.read_text())
-    from iree.compiler.tools.binaries import find_tool
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dump = Path(tmp) / "probe.mlir", Path(tmp) / "executables.mlir"
-        src.write_text(PROBE_MLIR)
-        argv = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=vulkan",
-                f"--iree-vulkan-target={target}", "--compile-to=executable-sources",
-                "-o", str(dump)]
-        if features:
-            argv.insert(-2, f"--iree-vulkan-target-features={features}")
-        subprocess.run(argv, capture_output=True, text=True, check=True)
-        record = requirements(dump.read_text())
+    record = probe(target, features)
     if memo:
         atomic_write_text(memo, canonical_json(record))
     return record

@@ -248,7 +248,7 @@ def test_basic_pitch_onnx_and_tflite_sources_build_and_their_artifacts_agree(wor
     for name, fmt in zip(BASIC_PITCH, ("onnx", "tflite")):  # the very files of ../shared/models
         assert sha256(FIXTURES / name / f"nmp.{fmt}") in spec[name]
         assert (FIXTURES / name / "LICENSE").read_text().startswith("Copyright 2022 Spotify AB")
-    # IREE's CPU ABIs of the real targets: this test is about the sources (TVM: tests/test_tvm.py)
+    # IREE's CPU ABIs of the real targets: this test is about the sources (TVM: tests/e2e/test_tvm.py)
     targets = target_registry(workspace.root / "targets", lambda abi: abi.get("backend") == "llvm-cpu")
     workspace.build("target=host", f"targets={targets}")
     workspace.build("target=rk3588", f"targets={targets}")

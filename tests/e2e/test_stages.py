@@ -11,7 +11,6 @@ from conftest import (add_default_model, add_fixture_model, add_tiny_model, requ
 from pipeline import graph
 from pipeline.stages import iree_compile, validate
 from pipeline.core.errors import PipelineError
-from pipeline.compilers.iree_compiler import compile_flags, unsupported_ops
 from pipeline.core.steps import execute
 
 
@@ -122,17 +121,3 @@ def test_gru_encoder_names_the_unsupported_op(tmp_path):
     assert "cannot compile these ONNX ops: GRU" in info.value.what
     assert info.value.log.endswith("host_romanizer_encoder_cpu-x86_64.log")
 
-
-def test_compile_flags_are_a_pure_function_of_the_abi():
-    cfg = {"backend": "llvm-cpu", "triple": "aarch64-linux-gnu", "cpu": "cortex-a55",
-           "cpu_features": ["+dotprod"], "flags": ["--iree-opt-data-tiling"]}
-    assert compile_flags(cfg) == [
-        "--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-        "--iree-llvmcpu-target-triple=aarch64-linux-gnu", "--iree-llvmcpu-target-cpu=cortex-a55",
-        "--iree-llvmcpu-target-cpu-features=+dotprod", "--iree-vm-bytecode-module-strip-source-map",
-        "--iree-llvmcpu-debug-symbols=false", "--iree-opt-data-tiling"]
-    log = ('x.mlir:20:13: error: failed to legalize operation \'torch.operator\' that was explicitly '
-           'marked illegal: %51:2 = "torch.operator"(%50) <{name = "onnx.GRU"}> {}\n'
-           'y: error: failed to legalize operation \'torch.operator\' that was explicitly marked '
-           'illegal: %3 = "torch.operator"(%2) <{name = "onnx.Loop"}>')
-    assert unsupported_ops(log) == ["GRU", "Loop"]

@@ -3,7 +3,7 @@
 The default models' Vulkan artifacts are left to the README's command itself and to the
 benchmarks: lavapipe compiles each of the detector's pipelines on first use, which takes minutes
 on a 2-core CI machine (small models in tests, big ones in benchmarks). The Vulkan path itself
-is tested on lavapipe in tests/test_vulkan.py with small models; the default models' recorded
+is tested on lavapipe in tests/e2e/test_vulkan.py with small models; the default models' recorded
 Vulkan skips are checked here, from the real specs.
 """
 from __future__ import annotations

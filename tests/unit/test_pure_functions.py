@@ -1,0 +1,80 @@
+"""Pure functions, no toolchain run: Vulkan requirements from IREE's target record and their
+match against a device, Vulkan target names checked from the recorded table, IREE's argv."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO
+from pipeline.compilers import iree_targets
+from pipeline.compilers.iree_compiler import compile_flags, unsupported_ops
+from pipeline.core.errors import SpecError
+from pipeline.graph import load_project
+from pipeline.run import vulkan
+
+VALHALL3 = ('iree_gpu.target<arch = "valhall3", features = "spirv:v1.6,cap:Shader", wgp = <compute = '
+            'fp32|fp16|int32|int16|int8, storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, '
+            'dot = dp4xi8toi32, subgroup_size_choices = [16], max_workgroup_sizes = [512, 512, 512], '
+            'max_thread_count_per_workgroup = 512, max_workgroup_memory_bytes = 32768, '
+            'max_workgroup_counts = [65535, 65535, 65535]>>}>')
+
+BASELINE = ('iree_gpu.target<arch = "vp_android_baseline_2022", features = "spirv:v1.3,cap:Shader", '
+            'wgp = <compute = fp32|int32, storage = b32, subgroup = none, subgroup_size_choices = [64], '
+            'max_workgroup_sizes = [128, 128, 64], max_thread_count_per_workgroup = 128, '
+            'max_workgroup_memory_bytes = 16384, max_workgroup_counts = [65535, 65535, 65535]>>}>')
+LAVAPIPE = vulkan.VulkanDevice(
+    name="llvmpipe (LLVM 15.0.6, 256 bits)", api="1.3.230", type="cpu", driver="llvmpipe",
+    features={"shaderFloat16": True, "shaderInt8": True, "storageBuffer16BitAccess": True,
+              "storageBuffer8BitAccess": True, "subgroupSizeControl": True},
+    subgroup_size=8, min_subgroup_size=8, max_subgroup_size=8, subgroup_operations=0xbf)
+
+
+def test_requirements_come_from_the_compiler_target_record():
+    req = iree_targets.parse_target_info(VALHALL3)
+    assert (req["arch"], req["spirv_version"], req["vulkan_api"]) == ("valhall3", "1.6", "1.3")
+    assert req["subgroup_size"] == [16] and req["subgroup_operations"] == ["shuffle", "arithmetic"]
+    assert req["device_features"] == ["shaderFloat16", "shaderInt8", "storageBuffer16BitAccess",
+                                      "storageBuffer8BitAccess"]
+    base = iree_targets.parse_target_info(BASELINE)
+    assert (base["vulkan_api"], base["subgroup_size"], base["device_features"]) == ("1.1", [], [])
+
+
+def test_requirement_matching():
+    valhall = iree_targets.parse_target_info(VALHALL3)
+    why = vulkan.meets(valhall, LAVAPIPE)
+    assert why == ["compiled for subgroup size [16], device offers 8..8 (it would run and return "
+                   "wrong numbers)"]
+    assert vulkan.meets(iree_targets.parse_target_info(BASELINE), LAVAPIPE) == []
+    old = vulkan.VulkanDevice(name="PanVK", api="1.1.0", type="integrated-gpu", driver="panvk",
+                              features={}, subgroup_size=16, min_subgroup_size=16,
+                              max_subgroup_size=16, subgroup_operations=0x1)
+    why = vulkan.meets(valhall, old)
+    assert "needs Vulkan 1.3 (SPIR-V 1.6), device has 1.1.0" in why and "needs shaderFloat16" in why
+    assert "needs subgroup shuffle operations" in why
+    assert vulkan.meets(iree_targets.parse_target_info(BASELINE), old) == []
+
+
+def test_unknown_vulkan_target_is_a_spec_error(tmp_path):
+    text = (REPO / "pipeline/targets/rk3588.yaml").read_text().replace("valhall3", "mali-g610")
+    (tmp_path / "board.yaml").write_text(text)
+    (tmp_path / "models").mkdir()
+    # read from the table of IREE's Vulkan targets (pipeline/compilers/iree_targets.py): no
+    # compiler runs while the project loads
+    with pytest.raises(SpecError) as info:
+        load_project(tmp_path / "models", tmp_path / "artifacts", "board", targets_dir=tmp_path)
+    assert "abis.vulkan-mali-g610: vulkan_target 'mali-g610': IREE 3.13.0 rejects it" in str(info.value)
+    assert "Mali-G610 is 'valhall3'" in str(info.value)
+
+
+def test_compile_flags_are_a_pure_function_of_the_abi():
+    cfg = {"backend": "llvm-cpu", "triple": "aarch64-linux-gnu", "cpu": "cortex-a55",
+           "cpu_features": ["+dotprod"], "flags": ["--iree-opt-data-tiling"]}
+    assert compile_flags(cfg) == [
+        "--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+        "--iree-llvmcpu-target-triple=aarch64-linux-gnu", "--iree-llvmcpu-target-cpu=cortex-a55",
+        "--iree-llvmcpu-target-cpu-features=+dotprod", "--iree-vm-bytecode-module-strip-source-map",
+        "--iree-llvmcpu-debug-symbols=false", "--iree-opt-data-tiling"]
+    log = ('x.mlir:20:13: error: failed to legalize operation \'torch.operator\' that was explicitly '
+           'marked illegal: %51:2 = "torch.operator"(%50) <{name = "onnx.GRU"}> {}\n'
+           'y: error: failed to legalize operation \'torch.operator\' that was explicitly marked '
+           'illegal: %3 = "torch.operator"(%2) <{name = "onnx.Loop"}>')
+    assert unsupported_ops(log) == ["GRU", "Loop"]
