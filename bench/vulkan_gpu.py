@@ -15,7 +15,7 @@ Two halves, because the GPU machine has no IREE compiler and no repo build:
     device (pipeline.vulkan.meets: never runs what would compute wrong numbers), runs it, compares
     with golden (max abs, cosine) and times p50/p90 over the iterations (invoke + readback).
 
-Only `pipeline/vulkan.py`, `pipeline/runtime.py`, `pipeline/numerics.py` and `pipeline/errors.py`
+Only `pipeline/run/vulkan.py`, `pipeline/run/app.py`, `pipeline/core/numerics.py` and `pipeline/core/errors.py`
 are needed on the GPU machine (copied into the prepared folder).
 """
 from __future__ import annotations

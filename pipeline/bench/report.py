@@ -190,7 +190,7 @@ def window_text(settings: dict) -> str:
 
 
 def _precision(artifact: dict) -> str:
-    # Artifacts of precision variants (pipeline/variants.py) record `precision`; fp32 ones do not.
+    # Artifacts of precision variants (pipeline/spec/variants.py) record `precision`; fp32 ones do not.
     return artifact.get("precision", "fp32")
 
 

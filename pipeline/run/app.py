@@ -19,7 +19,7 @@ whose requirements the present machine meets is loaded:
 Where the manifest's `choice` says another compiler's artifact ships for the same device (a
 slot), the others are passed over ("not the shipped choice"), unless named by `prefer`.
 TVM artifacts (`format: tvm-so`) load in TVM's runtime: in-process when native, through
-pipeline/tvm_run.py on the aarch64 TVM runtime under qemu-user when emulated.
+pipeline/run/tvm_run.py on the aarch64 TVM runtime under qemu-user when emulated.
 
 Vulkan readback works around iree-base-runtime 3.13's `to_host()` failure on drivers with
 VK_EXT_external_memory_host (`minImportedHostPointerAlignment 4096`, TOOLCHAIN.md): results are

@@ -1,8 +1,10 @@
-"""models/*/model.yaml and the target registry -> frozen, validated specs.
+"""models/*/model.yaml -> frozen, validated ModelSpecs (targets: target.py).
 
-Every problem found is collected and reported at once, naming the file and the key, before
-anything is built. Reading a model's input signature needs onnx (slow to import), so it is
-memoised by the source file's sha256.
+The document's structure is checked by strict pydantic models (the JSON Schema in docs/schema/
+is exported from them); what needs the files (the source's sha256 and signature, licenses,
+data sets) is checked here. Every problem found is collected and reported at once, naming the
+file and the key, before anything is built. A source's signature is read without onnx
+(onnx_signature.py) and memoised by the source's sha256.
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ class ModelSpec:
     signature: dict = field(default_factory=dict, compare=False, hash=False)
     release: dict = field(default_factory=dict, compare=False, hash=False)  # see _release()
     skip: tuple = ()  # ((ABI name pattern, reason), ...): ABIs this model is not built for
-    variants: tuple = ()  # precision variants (variants.VariantSpec), see pipeline/variants.py
+    variants: tuple = ()  # precision variants (variants.VariantSpec), see pipeline/spec/variants.py
     preprocessing: dict = field(default_factory=dict, compare=False, hash=False)  # input -> calibration.Preprocessing
     source_format: str = "onnx"   # onnx | tflite | nnef (see sources.py)
     shape_of: str | None = None   # a shape variant `base.shape` of model `base` (see shapes.py)

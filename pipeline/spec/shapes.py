@@ -12,7 +12,7 @@ source and import step. The model keeps its plain name (apps, releases and tests
 an app picks the entry whose input shapes match its camera mode. Dynamic dims never reach a
 compiler: every shape binds every dim.
 
-Precision variants (`variants:`, pipeline/variants.py: `<model>.int8`, ...) are made from the
+Precision variants (`variants:`, pipeline/spec/variants.py: `<model>.int8`, ...) are made from the
 model's own shape only: a shape variant is fp32 (its calibration and evaluation data would have
 to fit its shape, which the spec does not declare). Likewise a model's TVM tuning budget and
 pinned database (`tvm:`) are for its own shape: a shape variant's TVM artifacts are untuned.

@@ -8,13 +8,13 @@ else and crashes). Its chain, next to the model's fp32 one:
                                       └─ evaluation data        (per target ABI, as for fp32)
 
   quantize      int8: onnxruntime static quantization, QDQ format, on the calibration data;
-                fp16: explicit conversion, the inserted Casts recorded (pipeline/quantize.py)
+                fp16: explicit conversion, the inserted Casts recorded (pipeline/stages/quantize.py)
   accuracy      the variant against fp32 on the evaluation data (distinct from calibration),
-                thresholds from the spec; layer-by-layer divergence (pipeline/accuracy.py).
+                thresholds from the spec; layer-by-layer divergence (pipeline/stages/accuracy.py).
                 A failing gate fails the build: nothing after it runs for that variant
   golden        onnxruntime outputs of the variant (its own reference) and of fp32 on the
                 evaluation sample where they differ most, by the gate's worst cosine
-                (pipeline/golden.py: run_variant)
+                (pipeline/stages/golden.py: run_variant)
   iree_compile  the variant's ONNX with the ABI's flags; validate: against the variant's
                 golden (the variant's `tolerance`) and against fp32 (the gate's max_abs and
                 cosine; one sample's mean_abs is held to max_abs, see Gate.sample_tolerance)

@@ -126,7 +126,7 @@ def variant_outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
 
 
 def run_variant(ctx) -> None:
-    """The golden files of a precision variant (see pipeline/variants.py), on the evaluation
+    """The golden files of a precision variant (see pipeline/spec/variants.py), on the evaluation
     sample where the variant is farthest from fp32 (the gate's worst cosine, first output), so
     that validating against fp32 within the gate is checked where it is tightest: the sample as
     input_<i>.npy, the variant's onnxruntime outputs (graph optimisations off: the QDQ/fp16 graph

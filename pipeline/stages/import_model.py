@@ -108,7 +108,7 @@ def _convert(ctx, cfg: Config):
     except sources.ConversionError as exc:
         raise ctx.error(f"{cfg.route} failed: {exc}", log=True,
                         hint="an op nnef-tools cannot convert needs a custom converter in "
-                             "pipeline/nnef_fixes.py, or a re-export of the model")
+                             "pipeline/stages/nnef_fixes.py, or a re-export of the model")
     mismatch = sources.io_mismatches(cfg.io, read_signature(converted))
     if mismatch:
         raise ctx.error(f"the converted model's interface differs from the {fmt} source: "

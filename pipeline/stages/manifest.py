@@ -7,7 +7,7 @@ where, emulated or not, the error figures against the tolerance). Paths are rela
 artifacts folder; there are no timestamps: the same build gives the same bytes.
 A precision variant that passed its gate is an entry of its own, `<model>.<variant>`, with
 variant_of, precision, quantization, accuracy and per artifact precision and validation.vs_fp32
-(pipeline/variants.py: manifest_fields).
+(pipeline/spec/variants.py: manifest_fields).
 
 Besides IREE's `.vmfb` entries, a model's `artifacts` holds its TVM builds (`format: tvm-so`,
 `abi.compiler: tvm`, the same `validation` shape, plus `tuning` when a database was applied);
@@ -160,7 +160,7 @@ def run(ctx) -> None:
             # shape variants (shapes.py): `shape_of`/`shape` on each, `shapes` on the model
             **{k: v for k, v in model.as_key().items() if k in ("shape_of", "shape", "shapes")},
         }
-        if model.variant_of:  # a precision variant (pipeline/variants.py): IREE only
+        if model.variant_of:  # a precision variant (pipeline/spec/variants.py): IREE only
             _variant_fields(ctx, model, models[name])
             continue
         for abi in [a for a in cfg.target.tvm_abis if a["name"] in model.tvm_abis]:

@@ -116,7 +116,7 @@ def run(ctx) -> None:
         if missing:
             raise ctx.error(f"TVM's ONNX frontend has no converter for: {', '.join(missing)}",
                             log=True, hint="the op coverage table predicted otherwise: add these "
-                            "ops to pipeline/coverage.py, or leave the model out of this target")
+                            "ops to pipeline/stages/coverage.py, or leave the model out of this target")
         raise ctx.error(f"TVM compile failed ({describe_exit(result.returncode)}):\n"
                         f"{tail(result.output)}", log=True,
                         hint="read the log; the target comes from the ABI in the target's YAML")
