@@ -20,10 +20,10 @@ import re
 from pathlib import Path
 
 from ..core.store import pretty_json
+from .recorded import RecordedTable
 
 TABLE = Path(__file__).with_name("iree_vulkan_targets.json")
 DISTRIBUTION = "iree-base-compiler"
-FORMAT = 1
 
 # The names refresh asks the compiler about (the ones TOOLCHAIN.md names; rejected ones drop out)
 CANDIDATES = ("valhall3", "valhall4", "mali-g710", "mali-g610", "adreno", "videocore_vii",
@@ -96,13 +96,8 @@ def load_table(path: Path = TABLE) -> dict:
     return json.loads(Path(path).read_text())
 
 
-_CACHE: dict = {}
-
-
 def _versions() -> dict:
-    if "table" not in _CACHE:
-        _CACHE["table"] = load_table()["versions"]
-    return _CACHE["table"]
+    return RECORDED.versions()
 
 
 def lookup(target: str, features: str | None, iree_version: str) -> dict | None:
@@ -122,8 +117,7 @@ def has_version(iree_version: str) -> bool:
 
 
 def installed_version() -> str:
-    import importlib.metadata
-    return importlib.metadata.version(DISTRIBUTION)
+    return RECORDED.installed_version()
 
 
 def probe(target: str, features: str | None = None) -> dict:
@@ -165,32 +159,7 @@ def render(table: dict) -> str:
     return pretty_json(table)
 
 
-def refresh(path: Path = TABLE) -> str:
-    """Rewrite the table's entry for the installed IREE version (other versions are kept)."""
-    table = load_table(path) if Path(path).is_file() else {"format": FORMAT, "versions": {}}
-    version = installed_version()
-    table["versions"][version] = probe_all()
-    Path(path).write_text(render(table))
-    _CACHE.clear()
-    return version
-
-
-def main(argv=None) -> int:
-    import argparse
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--refresh", action="store_true",
-                        help="probe the installed iree-compile and rewrite the table")
-    args = parser.parse_args(argv)
-    if not args.refresh:
-        parser.print_help()
-        return 2
-    version = refresh()
-    print(f"{TABLE}: IREE {version}: {', '.join(known_names(version))}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+RECORDED = RecordedTable(TABLE, DISTRIBUTION, ask=probe_all)
 
 
 def check_target(target) -> list[str]:
@@ -217,3 +186,8 @@ def check_target(target) -> list[str]:
                                 f"rejects it (known: {', '.join(known)}); Mali-G610 is 'valhall3', "
                                 f"VideoCore VII is 'videocore_vii', lavapipe runs 'llvmpipe'")
     return problems
+
+
+if __name__ == "__main__":
+    raise SystemExit(RECORDED.main(None, __doc__.splitlines()[0],
+                                   lambda v: ", ".join(known_names(v))))

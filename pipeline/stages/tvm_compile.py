@@ -4,17 +4,8 @@
       [--MetaSchedule database (tvm_tune), applied by compile_relax-->]
       --export_library(g++ or aarch64-linux-gnu-g++)-->  model.so (weights embedded, entry `main`)
 
-A TVM ABI is declared in the target's YAML next to the IREE ones, with `compiler: tvm`:
-
-    cpu-aarch64-tvm:
-      compiler: tvm
-      arch: aarch64                 # aarch64 | x86_64
-      triple: aarch64-linux-gnu     # default from arch
-      cpu: cortex-a55               # LLVM -mcpu
-      cpu_features: [+neon]         # LLVM -mattr
-      num_cores: 4                  # MetaSchedule's parallelism hint
-      run: {via: qemu, qemu_cpu: cortex-a76}    # or {via: python} for x86_64
-      tune: {tracker: 127.0.0.1:9190, key: rk3588}   # optional: where `doit tune` measures
+A TVM ABI is declared in the target's YAML next to the IREE ones, with `compiler: tvm`
+(pipeline/spec/tvm.py has the keys).
 
 The TVM target is a dict (`target_dict`), never a string (TVM 0.27 rejects "llvm -mcpu=...").
 The compile runs in a child process (`python -m pipeline.stages.tvm_compile`): a crash in TVM is an
