@@ -174,6 +174,9 @@ def _problem(doc: type[Doc], err: dict, where: str) -> str:
             text = f"expected one of {ctx['expected_tags'].replace(chr(39), '')}, got {ctx['tag']!r}"
     elif kind in _TYPES:
         text = f"expected {_TYPES[kind]}{'' if err['loc'] else ' at the top level'}, got {got}"
+        if kind == "float_type" and _looks_numeric(err.get("input")):
+            text += (f" (YAML reads {err['input']} as text: write it with a dot and a signed "
+                     f"exponent, e.g. 1.0e-5)")
     elif kind in ("greater_than_equal", "greater_than"):
         text = f"must be {'>=' if 'ge' in ctx else '>'} {_num(ctx.get('ge', ctx.get('gt')))}, got {got}"
     elif kind == "less_than_equal":
@@ -288,3 +291,13 @@ def given(doc: Doc | None, key: str) -> bool:
     """Whether the YAML sets `key` (a default is not given; a bad value, set to None, is)."""
     return doc is not None and key in doc.model_fields_set
 
+
+def _looks_numeric(value) -> bool:
+    """A string that Python reads as a number but YAML 1.1 does not (1e-5, 1E3, .5e2)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True

@@ -118,3 +118,14 @@ def test_unknown_target_and_bad_target_file(tmp_path):
     assert "abis.cpu: unknown key 'colour'" in text
     assert "abis.cpu.arch: 'riscv' is not one of" in text
     assert "fallback: must list every ABI exactly once" in text
+
+
+def test_a_number_yaml_reads_as_text_says_how_to_write_it(tmp_path):
+    models = tmp_path / "models"
+    spec = add_tiny_model(models, "a")
+    spec.write_text(spec.read_text().replace("max_abs: 1.0e-4", "max_abs: 1e-4"))
+    with pytest.raises(SpecError) as info:
+        load_models(models)
+    (problem,) = info.value.problems
+    assert problem.endswith("tolerance.max_abs: expected a number, got '1e-4' (YAML reads 1e-4 as "
+                            "text: write it with a dot and a signed exponent, e.g. 1.0e-5)"), problem
