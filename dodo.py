@@ -79,7 +79,7 @@ for _stage in STAGES:
 # graph (list, info, clean, forget...) get them at once, from the coverage verdicts on disk (or
 # every ABI, before coverage ever ran): `doit list --all` and `doit info TASK` see every step.
 _READ_ONLY = {"list", "info", "clean", "forget", "ignore", "dumpdb", "help", "tabcompletion"}
-_COMMAND = next((a for a in sys.argv[1:] if not a.startswith("-") and "=" not in a), "run")
+_READ_ONLY_COMMAND = any(a in _READ_ONLY for a in sys.argv[1:])  # no task is named like these
 
 
 def task_after_coverage():
@@ -91,7 +91,7 @@ def task_after_coverage():
                 yield {**doit_task(step), "basename": stage.name}
 
 
-if _COMMAND not in _READ_ONLY:
+if not _READ_ONLY_COMMAND:
     task_after_coverage = create_after(
         executed="coverage", creates=[s.name for s in STAGES if s.after_coverage])(task_after_coverage)
 

@@ -1,4 +1,4 @@
-"""Stage `release`: one target's validated artifacts as a signed, immutable, reproducible bundle.
+"""`doit release`: one target's validated artifacts as a signed, immutable, reproducible bundle.
 
     doit release target=rk3588 version=1.2.0 [key=PATH]    (or $MODELYARD_SIGNING_KEY)
 
