@@ -10,12 +10,15 @@ and its shape and dtype equal the golden ones. Non-finite values never pass.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where arrays are made or compared: not when the project loads
+    import numpy as np
 
 
 def make_input(spec: dict, file: Path | None = None) -> np.ndarray:
     """One test input from its recipe ({"random": {seed, low, high}} or {"file": ...})."""
+    import numpy as np
     shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
     data = spec["test_data"]
     if "file" in data:
@@ -35,10 +38,12 @@ def make_input(spec: dict, file: Path | None = None) -> np.ndarray:
 
 
 def _finite_or_none(x: float) -> float | None:
+    import numpy as np
     return float(x) if np.isfinite(x) else None
 
 
 def compare_one(name: str, actual: np.ndarray, expected: np.ndarray, tol: dict) -> dict:
+    import numpy as np
     row = {"name": name, "shape": list(expected.shape), "dtype": str(expected.dtype),
            "max_abs": None, "mean_abs": None, "cosine": None, "failures": []}
     if actual.shape != expected.shape:
