@@ -16,7 +16,9 @@ from typing import Annotated, Literal, Optional
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from . import onnx_signature, shapes, sources
+from .onnx_signature import read_signature as read_onnx_signature
+from .shapes import check as check_shapes, expand as expand_shapes, parse as parse_shapes
+from .sources import read_signature as read_source_signature, source_format, source_sha256
 from .calibration import PreprocessingDoc
 from .common import (NAME_RE, Doc, Says, Tolerance, ToleranceDoc, as_list, display, one_or_many,
                      read_yaml, validate)
@@ -257,7 +259,7 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
     signature = {}
     if source is not None:
         signature = model_signature(source, source_sha, memo_dir)
-        fmt = sources.source_format(source)
+        fmt = source_format(source)
         if "error" in signature:
             problems.append(f"{where}: source.path: {source.name} is not a readable "
                             f"{ {'onnx': 'ONNX model', 'tflite': 'TFLite model', 'nnef': 'NNEF graph'}[fmt]}: "
@@ -270,9 +272,9 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                                                  i.name: (i.shape, i.dtype) for i in inputs},
                                              tolerance, where, problems)
     tvm = parse_tvm(doc.tvm, folder, where, problems)
-    shape_variants = shapes.parse(doc.shapes, declared, where, problems)
+    shape_variants = parse_shapes(doc.shapes, declared, where, problems)
     if "error" not in signature:
-        shapes.check(signature, declared, inputs, shape_variants, where, problems,
+        check_shapes(signature, declared, inputs, shape_variants, where, problems,
                      _check_against_model)
     if problems:
         return None, list(problems)
@@ -283,9 +285,9 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                      release=release, skip=tuple(sorted((k, " ".join(v.split()))
                                                         for k, v in (doc.skip or {}).items())),
                      variants=variants, preprocessing=preprocessing,
-                     source_format=sources.source_format(source), tvm=tvm,
+                     source_format=source_format(source), tvm=tvm,
                      ship=parse_ship(doc.ship))
-    return shapes.expand(spec, shape_variants), []
+    return expand_shapes(spec, shape_variants), []
 
 
 def _source(doc: SourceDoc | None, folder: Path, where: str, problems: list):
@@ -295,11 +297,11 @@ def _source(doc: SourceDoc | None, folder: Path, where: str, problems: list):
     source = (folder / doc.path).resolve()
     if not source.exists():
         problems.append(f"{where}: source.path: file not found: {source}")
-    elif sources.source_format(source) is None:
+    elif source_format(source) is None:
         problems.append(f"{where}: source.path: a source is an .onnx or .tflite file or "
                         f"an NNEF graph folder (got {source.suffix or 'no extension'})")
     elif doc.sha256 is not None:
-        actual = sources.source_sha256(source)
+        actual = source_sha256(source)
         if doc.sha256.lower() == actual:
             return source, actual
         problems.append(f"{where}: source.sha256: mismatch for {source.name}: spec says "
@@ -386,9 +388,9 @@ def model_signature(source: Path, sha256: str, memo_dir: Path | None) -> dict:
 def read_signature(source: Path) -> dict:
     """Inputs, outputs and opset of a source. ONNX is read by a small protobuf reader (no onnx
     import: loading stays cheap); TFLite and NNEF by their format's own parser."""
-    if sources.source_format(source) != "onnx":
-        return sources.read_signature(source)
-    return onnx_signature.read_signature(source)
+    if source_format(source) != "onnx":
+        return read_source_signature(source)
+    return read_onnx_signature(source)
 
 
 def load_models(models_dir: Path, memo_dir: Path | None = None) -> tuple[ModelSpec, ...]:

@@ -56,8 +56,8 @@ def imports_of(path: Path) -> set[str]:
                 mod = node.module or ""
             if not mod.startswith("pipeline"):
                 continue
-            found.add(mod)
-            for alias in node.names:  # `from . import x` imports the module x
+            found.add(mod)  # the package itself: `from . import x` runs its __init__ first
+            for alias in node.names:  # ... and imports the module x
                 if (PIPELINE.parent / (mod.replace(".", "/") + f"/{alias.name}.py")).is_file():
                     found.add(f"{mod}.{alias.name}")
         elif isinstance(node, ast.Import):
@@ -67,8 +67,7 @@ def imports_of(path: Path) -> set[str]:
 
 def graph() -> dict[str, set[str]]:
     mods = {module_name(p): p for p in PIPELINE.rglob("*.py")}
-    return {name: {m for m in imports_of(path) if m in mods and not mods[m].name == "__init__.py"}
-            for name, path in mods.items()}
+    return {name: {m for m in imports_of(path) if m in mods} for name, path in mods.items()}
 
 
 def layer(module: str) -> str | None:
