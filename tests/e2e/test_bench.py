@@ -191,8 +191,10 @@ def test_regression_against_a_baseline_is_flagged_and_gates(benched, tmp_path):
     ws, _ = benched
     previous = _json(ws.artifacts / "host/bench.json")
     baseline = json.loads(json.dumps(previous))
-    for row in baseline["artifacts"]:  # alpha was 10x faster before, beta 10x slower
-        row["p50_ms"] = row["p50_ms"] / 10 if row["model"] == "alpha" else row["p50_ms"] * 10
+    # alpha "was" 10,000x faster and beta 10,000x slower: no load on this machine can swing a
+    # median that far, so the verdicts below do not depend on how busy it is now
+    for row in baseline["artifacts"]:
+        row["p50_ms"] = row["p50_ms"] / 1e4 if row["model"] == "alpha" else row["p50_ms"] * 1e4
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(baseline))
 
@@ -213,7 +215,7 @@ def test_regression_against_a_baseline_is_flagged_and_gates(benched, tmp_path):
     assert "Traceback" not in gated.stdout + gated.stderr
 
     lenient = ws.doit("bench", "target=host", *FEW, f"baseline={path}", "gate=1",
-                      "threshold=100000")
+                      "threshold=1000000000")  # alpha: about +1,000,000 %
     assert lenient.returncode == 0, lenient.stdout + lenient.stderr
 
 

@@ -239,10 +239,8 @@ def test_next_build_applies_the_database_with_zero_trials(tuned, targets):
     from pipeline.core.steps import execute
     proj = graph.load_project(ws.models, ws.artifacts, "host", targets)
     (step,) = proj.steps("tvm_tune")
-    started = time.perf_counter()
     assert execute(step) == "restored"
-    assert time.perf_counter() - started < 1.0
-    assert log.stat().st_size == size  # no tuning ran: 0 trials
+    assert log.stat().st_size == size  # no tuning ran: 0 trials (its log did not grow)
     assert execute(step) == "fresh"
     ws.build("target=host", f"targets={targets}")
     assert log.stat().st_size == size
