@@ -19,6 +19,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+# The RK3588's TVM CPU ABI as a target YAML declares it (the tests' own small registries)
+TVM_AARCH64_ABI = """  cpu-aarch64-tvm:
+    compiler: tvm
+    arch: aarch64
+    cpu: cortex-a55
+    cpu_features: [+neon]
+    num_cores: 4
+    run: {via: qemu, qemu_cpu: cortex-a76}
+"""
+
+
 def require(condition: bool, reason: str) -> None:
     if condition:
         return

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, Workspace, add_tiny_model, ran, require, require_aarch64
+from conftest import REPO, TVM_AARCH64_ABI, Workspace, add_tiny_model, ran, require, require_aarch64
 from pipeline.bench import measure as bench
 from pipeline.core.errors import PipelineError
 
@@ -251,14 +251,7 @@ CPU_AARCH64 = """  cpu-aarch64:
     arch: aarch64
     cpu: cortex-a55
     run: {via: qemu, qemu_cpu: cortex-a76}
-  cpu-aarch64-tvm:
-    compiler: tvm
-    arch: aarch64
-    cpu: cortex-a55
-    cpu_features: [+neon]
-    num_cores: 4
-    run: {via: qemu, qemu_cpu: cortex-a76}
-"""
+""" + TVM_AARCH64_ABI
 MIXED = """description: this host, the board's CPU and GPU
 abis:
   cpu-x86_64:

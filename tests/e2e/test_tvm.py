@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import (REPO, Workspace, add_fixture_model, add_tiny_model, ran, require, sha256)
+from conftest import (REPO, TVM_AARCH64_ABI, Workspace, add_fixture_model, add_tiny_model, ran,
+                      require, sha256)
 
 BOARD = """description: an aarch64 board, CPU only (tests)
 abis:
@@ -30,14 +31,7 @@ abis:
     cpu: cortex-a55
     flags: []
     run: {via: qemu, qemu_cpu: cortex-a76, device: local-task}
-  cpu-aarch64-tvm:
-    compiler: tvm
-    arch: aarch64
-    cpu: cortex-a55
-    cpu_features: [+neon]
-    num_cores: 4
-    run: {via: qemu, qemu_cpu: cortex-a76}
-    tune: {key: rk3588}
+""" + TVM_AARCH64_ABI + """    tune: {key: rk3588}
 ship:
   cpu: {abis: [cpu-aarch64, cpu-aarch64-tvm], policy: prefer}
 """
