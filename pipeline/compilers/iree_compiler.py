@@ -41,12 +41,12 @@ def unsupported_ops(log_text: str) -> list[str]:
 
 
 
-def import_argv(model: Path, mlir: Path, opset: int | None = None) -> list[str]:
+def import_argv(model: Path, mlir: Path) -> list[str]:
     """iree-import-onnx in this Python (the wheel's module entry point)."""
-    argv = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(model), "-o", str(mlir)]
-    return argv + ([f"--opset-version={opset}"] if opset else [])
+    return [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(model), "-o", str(mlir)]
 
 
 def find_compiler() -> str:
+    """The iree-compile of the installed iree-base-compiler wheel."""
     from iree.compiler.tools.binaries import find_tool
     return find_tool("iree-compile")

@@ -125,12 +125,12 @@ def probe(target: str, features: str | None = None) -> dict:
     its target record; raises TargetRejected when the compiler does not accept it."""
     import tempfile
 
-    from iree.compiler.tools.binaries import find_tool
     from ..core.tools import run_tool
+    from .iree_compiler import find_compiler
     with tempfile.TemporaryDirectory() as tmp:
         src, dump = Path(tmp) / "probe.mlir", Path(tmp) / "executables.mlir"
         src.write_text(PROBE_MLIR)
-        argv = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=vulkan",
+        argv = [find_compiler(), str(src), "--iree-hal-target-device=vulkan",
                 f"--iree-vulkan-target={target}", "--compile-to=executable-sources",
                 "-o", str(dump)]
         if features:

@@ -286,16 +286,13 @@ def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:
     """Run the real compiler on the static model; it must fail as predicted."""
     model = ctx.input("model")
     if compiler == "iree":
-        from .iree_compile import compile_flags
-        from iree.compiler.tools.binaries import find_tool
+        from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
         mlir, out = ctx.scratch / "model.mlir", ctx.scratch / "model.vmfb"
-        imported = run_tool([sys.executable, "-m", "iree.compiler.tools.import_onnx", str(model),
-                             "-o", str(mlir)], log=ctx.log, what="iree-import-onnx", check=False,
-                            **where)
+        imported = run_tool(import_argv(model, mlir), log=ctx.log, what="iree-import-onnx",
+                            check=False, **where)
         result = imported
         if imported.returncode == 0:
-            result = run_tool([find_tool("iree-compile"), str(mlir),
-                               *compile_flags(ctx.cfg.iree_abi), "-o", str(out)],
+            result = run_tool(compile_argv(find_compiler(), ctx.cfg.iree_abi, mlir, out),
                               log=ctx.log, what="iree-compile", check=False, timeout=3600, **where)
         mlir.unlink(missing_ok=True)
         out.unlink(missing_ok=True)

@@ -8,11 +8,11 @@ When IREE cannot lower an op, the error lists the ONNX ops it could not legalize
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compilers.iree_compiler import compile_argv, compile_flags, unsupported_ops
+from ..compilers.iree_compiler import (compile_argv, compile_flags, find_compiler, import_argv,
+                                       unsupported_ops)
 from ..compilers.iree_targets import requirements
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
@@ -71,18 +71,14 @@ class Config(StageConfig):
 
 
 def run(ctx) -> None:
-    from iree.compiler.tools.binaries import find_tool
-
     cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     mlir = ctx.scratch / "model.mlir"
-    run_tool([sys.executable, "-m", "iree.compiler.tools.import_onnx",
-              str(ctx.input("model")), "-o", str(mlir)],
-             log=ctx.log, what="iree-import-onnx", **where)
+    run_tool(import_argv(ctx.input("model"), mlir), log=ctx.log, what="iree-import-onnx", **where)
     vmfb = ctx.output("model.vmfb")
     # Run in the scratch folder on a relative "model.mlir": some SPIR-V targets (llvmpipe) keep
     # the source file name in the artifact, which must not depend on where the build happens.
-    argv = compile_argv(find_tool("iree-compile"), cfg.as_key(), Path(mlir.name), vmfb)
+    argv = compile_argv(find_compiler(), cfg.as_key(), Path(mlir.name), vmfb)
     result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch, **where)
     if result.returncode != 0:
         mlir.unlink(missing_ok=True)

@@ -38,10 +38,18 @@ def coverage_file(layout, target_name: str, model_name: str) -> Path:
     return layout.target_model_stage(target_name, model_name, "coverage") / "coverage.json"
 
 
+_VERDICTS: dict = {}  # (path, mtime_ns, size) -> coverage.json: every stage asks, per ABI
+
+
 def coverage(project, model, target) -> dict | None:
     """The coverage step's verdict per compiler, or None while it has not run."""
+    path = coverage_file(project.layout, target.name, model.name)
     try:
-        return json.loads(coverage_file(project.layout, target.name, model.name).read_text())
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        if key not in _VERDICTS:
+            _VERDICTS[key] = json.loads(path.read_text())
+        return _VERDICTS[key]
     except (OSError, ValueError):
         return None
 
