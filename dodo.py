@@ -6,10 +6,17 @@
     doit tune target=host           MetaSchedule-tune the TVM artifacts that have a budget (slow)
     doit list                       the stages; `doit list --all` every step
     doit release target=rk3588 version=1.2.0 key=PATH   a signed bundle in artifacts/releases/
-    doit verify bundle=PATH [pubkey=PATH] [into=DIR]    check (and unpack) a release bundle
+    doit verify bundle=PATH [pubkey=PATH] [into=DIR]    check (and unpack) a release bundle, signed
+                                    by the pinned key (pubkey=, $MODELYARD_VERIFY_KEY or verify_key
+                                    in pyproject.toml); integrity_only=1: without one, integrity only
     doit keygen key=PATH            a new Ed25519 signing key pair (PATH and PATH.pub)
+    doit cache status|push|gc|verify  the build cache: hit rates, upload, prune, check
 Variables: target=NAME (default: every known target), models=DIR (default models/),
-artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/).
+artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/),
+wait=0 (fail at once, instead of waiting, when another build holds the artifacts folder),
+cache=URL (a remote build cache: file://, http(s)://, s3://, gs://...; or $MODELYARD_CACHE)
+cache_push=1 (push what is built; pull-only otherwise) cache_pubkey=PATH cache_key=PATH
+cache_timeout=S, revalidate=1 (re-run validation here even when a cache has the result).
 bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PCT gate=0|1.
 tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1.
 """
@@ -18,10 +25,12 @@ import sys
 from doit import create_after, get_var
 
 from pipeline.bench import measure as bench
+from pipeline.core import lock, store
 from pipeline.core.errors import PipelineError
-from pipeline.core.steps import doit_call, doit_task
+from pipeline.core.settings import flag, setting
+from pipeline.core.steps import doit_call, doit_task, rerun_stages
 from pipeline.graph import STAGES, load_project
-from pipeline.release import release, signing, verify
+from pipeline.release import cache, release, signing, verify
 from pipeline.stages import accuracy, tvm_tune
 
 try:
@@ -34,6 +43,25 @@ try:
 except PipelineError as err:
     print(f"modelyard: {err.render()}", file=sys.stderr)
     raise SystemExit(2)
+
+# The build cache (pipeline/core/store.py): the local store, and a remote one when a URL is set
+# (cache=URL, $MODELYARD_CACHE or [tool.modelyard] cache in pyproject.toml). Pull-only unless
+# cache_push=1; records must be signed by cache_pubkey when one is set; cache_key signs pushes.
+try:
+    store.configure(
+        PROJECT.layout.root,
+        url=setting("cache", get_var("cache", None), env="MODELYARD_CACHE"),
+        push=flag("cache_push", get_var("cache_push", None), env="MODELYARD_CACHE_PUSH"),
+        pubkey=setting("cache_pubkey", get_var("cache_pubkey", None), env="MODELYARD_CACHE_PUBKEY",
+                       path=True),
+        signing_key=setting("cache_key", get_var("cache_key", None), env="MODELYARD_CACHE_KEY",
+                            path=True),
+        timeout=float(setting("cache_timeout", get_var("cache_timeout", None)) or 0) or None)
+except (PipelineError, ValueError) as err:
+    print(f"modelyard: {err.render() if isinstance(err, PipelineError) else err}", file=sys.stderr)
+    raise SystemExit(2)
+if flag("revalidate", get_var("revalidate", None)):
+    rerun_stages({"validate"})  # validation results from a cache are measured again, here
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -81,6 +109,20 @@ for _stage in STAGES:
 _READ_ONLY = {"list", "info", "clean", "forget", "ignore", "dumpdb", "help", "tabcompletion"}
 _READ_ONLY_COMMAND = any(a in _READ_ONLY for a in sys.argv[1:])  # no task is named like these
 
+# One build at a time per artifacts folder (pipeline/core/lock.py): every command that may write
+# there takes the lock; those that only read it, and verify/keygen, do not. wait=0: fail at once.
+_NO_LOCK_COMMANDS = {"list", "info", "dumpdb", "help", "tabcompletion", "strace"}
+_NO_LOCK_TASKS = {"verify", "keygen"}
+_WORDS = [a for a in sys.argv[1:] if not a.startswith("-") and "=" not in a]
+_READS_ONLY = (set(_WORDS) & _NO_LOCK_COMMANDS or (_WORDS and set(_WORDS) <= _NO_LOCK_TASKS | {"run"})
+               or _WORDS[-2:] == ["cache", "status"])
+if not _READS_ONLY:
+    try:
+        lock.acquire(PROJECT.layout.root, wait=get_var("wait", "1") not in ("0", "false", "no"))
+    except PipelineError as err:
+        print(f"modelyard: {err.render()}", file=sys.stderr)
+        raise SystemExit(2)
+
 
 def task_after_coverage():
     """(made once `coverage` has run) iree_compile, tvm_tune, tvm_compile, validate, choose, manifest"""
@@ -111,9 +153,10 @@ def task_release():
 
 
 def task_verify():
-    """check a release bundle=PATH (folder or .tar.gz) [pubkey=PATH] [into=DIR: unpack it there]"""
+    """check a release bundle=PATH (folder or .tar.gz) [pubkey=PATH | integrity_only=1] [into=DIR]"""
     return {"actions": [(doit_call, [verify.verify, get_var("bundle", None), get_var("pubkey", None),
-                                     get_var("into", None)])],
+                                     get_var("into", None),
+                                     get_var("integrity_only", "0") in ("1", "true", "yes")])],
             "uptodate": [False], "verbosity": 2}
 
 
@@ -144,3 +187,10 @@ def task_tune():
             "task_dep": [f"static:{m.name}" for m in PROJECT.models]
                         + [f"coverage:{target}/{m.name}" for m in PROJECT.models] if target else [],
             "uptodate": [False], "verbosity": 2}
+
+
+def task_cache():
+    """the build cache: doit cache status|push|gc|verify [budget=SIZE] [cache=URL cache_push=1]"""
+    def action(pos):
+        return doit_call(cache.command, PROJECT.layout.root, pos, get_var("budget", None))
+    return {"actions": [action], "pos_arg": "pos", "uptodate": [False], "verbosity": 2}

@@ -158,3 +158,21 @@ def ran(result: subprocess.CompletedProcess) -> list[str]:
 @pytest.fixture
 def workspace(tmp_path) -> Workspace:
     return Workspace(tmp_path / "ws")
+
+
+# Under CI=true a skipped test fails the run: CI installs every tool, so a skip there means a
+# test silently stopped checking anything (`require` already fails instead of skipping; this
+# catches every other skip, a skipif marker or a pytest.skip deep in a helper).
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if IN_CI and _SKIPPED and exitstatus == 0:
+        print(f"\nCI=true: {len(_SKIPPED)} test(s) skipped, which fails the run: "
+              + ", ".join(_SKIPPED), file=sys.stderr)
+        session.exitstatus = 1

@@ -13,11 +13,14 @@
       reports/accuracy/<model>.<variant>/  the report of a failed accuracy gate (the step's own
                                        outputs are removed on failure; see accuracy.py)
       .store/                          content-addressed step outputs (see store.py)
+      .tmp/<pid>/<stage>/<step>/       scratch of a running step, per process (see lock.py)
+      .lock                            the workspace lock a build holds (see lock.py)
       .cache/                          hash memo, model signatures (safe to delete)
       .doit.db                         doit's own state (safe to delete)
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +57,13 @@ class Layout:
         return self.root / "releases" / target / version
 
     def scratch(self, stage: str, name: str) -> Path:
-        """Where a stage writes before publishing by rename (same file system as its outputs)."""
-        return self.root / ".tmp" / stage / name.replace("/", "__")
+        """Where a stage writes before publishing by rename (same file system as its outputs);
+        one folder per process, so that two processes never share one (see lock.py)."""
+        return self.root / ".tmp" / str(os.getpid()) / stage / name.replace("/", "__")
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
 
     def bench_result(self, target: str, model: str, abi: str, sha256: str) -> Path:
         return self.target_dir(target) / model / abi / "bench" / f"{sha256}.json"

@@ -2,7 +2,8 @@
 
 Deciding whether to run is kept apart from running:
   * doit decides cheaply, from its own record: the input files (mtime, then md5) and the
-    step's static fingerprint (stage version, config, tool versions);
+    step's static fingerprint (stage version, the sha256 of the code that runs it, config, tool
+    versions);
   * when doit says "run", `execute` computes the full key (that fingerprint plus the sha256 of
     every input); if the outputs already on disk carry that key nothing happens; if the store
     has the key its outputs are restored; otherwise the stage runs in a scratch folder.
@@ -13,16 +14,19 @@ A failed step removes its outputs: nothing stale stays behind under its name.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .codehash import code_digest
 from .errors import PipelineError
 from .layout import Layout
-from .store import Store, pretty_json, sha256_file, step_key, atomic_write_text
+from .store import DamagedObject, Store, pretty_json, sha256_file, step_key, atomic_write_text
 from .tools import versions
 
 RECORD = "step.json"
@@ -106,8 +110,8 @@ class Step:
 
     def static_fingerprint(self) -> dict:
         """What doit compares between runs, besides the input files themselves."""
-        return {"stage": self.stage, "version": self.version, "config": self.config,
-                "tools": versions(*self.tools)}
+        return {"stage": self.stage, "version": self.version, "code": action_code(self.action),
+                "config": self.config, "tools": versions(*self.tools)}
 
     def key_parts(self) -> dict:
         parts = self.static_fingerprint()
@@ -121,6 +125,17 @@ class Step:
     @property
     def log(self) -> Path:
         return self.layout.log(self.stage, self.name)
+
+
+def action_code(action: Callable) -> str:
+    """sha256 of the code a step runs: its stage module and every package module it imports
+    (codehash.py). An action defined outside the package (a test's) counts its own file."""
+    module = getattr(action, "__module__", None) or ""
+    try:
+        return code_digest(module)
+    except KeyError:
+        source = getattr(sys.modules.get(module), "__file__", None)
+        return sha256_file(Path(source)) if source else module
 
 
 @dataclass
@@ -167,22 +182,39 @@ def is_done(step: Step, key: str) -> bool:
     return True
 
 
+_RERUN: set[str] = set()
+
+
+def rerun_stages(stages) -> None:
+    """Run the steps of these stages here, whatever the outputs on disk or in a cache say
+    (`revalidate=1` gives {"validate"}: validation results pulled from a shared cache are
+    measured again on this machine). Their new outputs replace the stored ones."""
+    _RERUN.clear()
+    _RERUN.update(stages)
+
+
 def execute(step: Step) -> str:
     """Bring step.out_dir up to date; returns how ("fresh", "restored", "ran")."""
     parts = step.key_parts()
     key = step_key(parts)
-    if is_done(step, key):
+    rerun = step.stage in _RERUN
+    if not rerun and is_done(step, key):
         return "fresh"
     store = Store(step.layout.store)
     scratch = step.layout.scratch(step.stage, step.name)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     try:
-        cached = store.lookup(key)
+        cached = None if rerun else store.lookup(key)
         if cached is not None:
-            store.restore(cached, scratch)
-            outputs, how = cached, "restored"
-        else:
+            try:
+                store.restore(cached, scratch)
+                outputs, how = cached, "restored"
+            except DamagedObject:  # evicted by the store, with a warning: make it again
+                shutil.rmtree(scratch, ignore_errors=True)
+                scratch.mkdir(parents=True)
+                cached = None
+        if cached is None:
             step.log.parent.mkdir(parents=True, exist_ok=True)
             step.log.write_text(f"# {step.stage} {step.name} key={key}\n")
             step.action(StepContext(step, scratch))
@@ -226,13 +258,29 @@ def unpublish(step: Step) -> None:
             (step.out_dir / name).unlink(missing_ok=True)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def disk_full(step: Step, err: OSError) -> PipelineError:
+    return PipelineError(
+        f"{step.name}: no room to write {err.filename or 'its outputs'} ({os.strerror(err.errno)}); "
+        "the step's outputs were removed and nothing else was touched",
+        stage=step.stage, **step.where,
+        hint=f"free space under {step.layout.root} (or raise the file size limit), then build again")
+
+
 def doit_action(step: Step):
-    """The python-action doit calls: a PipelineError becomes a one-paragraph TaskFailed."""
+    """The python-action doit calls: a PipelineError (or a full disk) becomes a one-paragraph
+    TaskFailed."""
     from doit.exceptions import TaskFailed
     try:
         execute(step)
     except PipelineError as err:
         return TaskFailed(err.render())
+    except OSError as err:
+        if err.errno not in DISK_FULL:
+            raise
+        return TaskFailed(disk_full(step, err).render())
     return None
 
 
@@ -255,7 +303,7 @@ def doit_task(step: Step) -> dict:
         "actions": [(doit_action, [step])],
         "file_dep": sorted(str(p) for p in step.inputs.values()),
         "targets": [str(step.out_dir / o) for o in step.outputs] + [str(step.record)],
-        "uptodate": [config_changed(step.static_fingerprint())],
+        "uptodate": [False] if step.stage in _RERUN else [config_changed(step.static_fingerprint())],
         "task_dep": list(step.after),
         "clean": [(unpublish, [step])],
     }

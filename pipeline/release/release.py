@@ -25,7 +25,8 @@ manifest lists only variants that passed their accuracy gate; they share their m
 (waivers, I/O contract) and licenses, and release.json says what they are a variant of.
 Reproducible: sorted entries, mtimes = SOURCE_DATE_EPOCH (default DEFAULT_EPOCH, never the
 clock), owner 0/0 with no names, mode 0644, no gzip name or timestamp; Ed25519 signatures are
-deterministic. Immutable: an existing version is never rewritten; the same content is a no-op.
+deterministic. Immutable: an existing version is never rewritten; the same content is a no-op,
+once the existing bundle verifies against the signing key's public half (see _unchanged).
 Atomic: everything is written in a scratch folder renamed into releases/ at the very end.
 """
 from __future__ import annotations
@@ -44,7 +45,8 @@ from . import signing
 from ..core.errors import PipelineError
 from ..core.steps import RECORD
 from ..core.store import pretty_json, sha256_file
-from .verify import MANIFEST, PROVENANCE, SIGNATURE, archive_name, digest, file_digest, verify
+from .verify import (MANIFEST, PROVENANCE, SIGNATURE, archive_name, check_bundle, digest,
+                     file_digest)
 
 VERSION = 1
 SCHEMA = "modelyard.release/1"
@@ -128,7 +130,8 @@ def run(project, target: str | None, version: str | None, key: str | None) -> st
 
         final = project.layout.release(target, version)
         if final.exists():
-            return _unchanged(final, (scratch / MANIFEST).read_bytes(), manifest, **where)
+            return _unchanged(final, (scratch / MANIFEST).read_bytes(), manifest,
+                              private_key.public_key(), **where)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(scratch, final)
     finally:
@@ -317,8 +320,15 @@ def write_archive(folder: Path, names: list[str], root: str, epoch: int, out: Pa
                 tar.addfile(info, f)
 
 
-def _unchanged(final: Path, manifest_bytes: bytes, manifest: dict, **where) -> str:
-    """An existing release: the same content is a no-op (after checking it is intact)."""
+def _unchanged(final: Path, manifest_bytes: bytes, manifest: dict, public_key, **where) -> str:
+    """An existing release: the same content is a no-op, once the bundle on disk verifies.
+
+    Verified as `doit verify` does, against a pinned key, never the key the bundle names: here
+    the public half of the signing key given. It is the one key this run knows (it holds the
+    private half and has just signed these very manifest bytes), whereas $MODELYARD_VERIFY_KEY
+    and pyproject's verify_key say whom consumers trust, not who signs this release. So
+    "unchanged" means this content signed by this key; a version signed by another key is
+    refused (releases are immutable: it is not re-signed either)."""
     try:
         old = (final / MANIFEST).read_bytes()
     except OSError:
@@ -331,7 +341,18 @@ def _unchanged(final: Path, manifest_bytes: bytes, manifest: dict, **where) -> s
                             f"a release is never rewritten", **where,
                             hint="release under a new version number")
     try:
-        verify(final)
+        signer, problem = signing.check(json.loads((final / SIGNATURE).read_bytes()), old)
+    except (OSError, ValueError):
+        signer, problem = None, "unreadable"  # check_bundle below says what is wrong
+    if problem is None and signer != signing.key_id(public_key):
+        raise PipelineError(f"version {manifest['version']} of {manifest['target']} is already "
+                            f"released with this content, but signed by key {signer[:16]}, not by "
+                            f"this key {signing.key_id(public_key)[:16]}; a release is never "
+                            f"re-signed", **where,
+                            hint="sign with the key that made the release, or release under a "
+                                 "new version number")
+    try:
+        check_bundle(final, public_key)
     except PipelineError as err:
         raise PipelineError(f"{final} has the same manifest but is damaged:\n{err.what}", **where,
                             hint="releases are immutable: restore it from a copy") from None

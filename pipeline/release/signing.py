@@ -1,4 +1,6 @@
-"""Ed25519 keys and signatures for releases (the `cryptography` package).
+"""Ed25519 keys and signatures for releases (the `cryptography` package): key pairs, the
+manifest's detached signature, DSSE envelopes. The primitives (loading keys, sign, check,
+key_id) are core/signing.py's, shared with the cache's signed key records.
 
 A release signs its manifest.json with a detached signature file (`manifest.json.sig`):
 
@@ -14,31 +16,21 @@ SubjectPublicKeyInfo beside it as <key>.pub. Make a pair with `doit keygen key=P
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from ..core.errors import PipelineError
+# The primitives live in core (the cache signs its key records with them too); their names stay
+# importable from here.
+from ..core.signing import (ALGORITHM, ENV_KEY, ENV_PUBKEY, KEYGEN_HINT, b64 as _b64, check,
+                            key_id, load_private_key, load_public_key, sign)
 
-ENV_KEY = "MODELYARD_SIGNING_KEY"     # a path to the private key, or the PEM text itself
-ENV_PUBKEY = "MODELYARD_VERIFY_KEY"   # a path to the public key that must have signed a bundle
-ALGORITHM = "ed25519"
+__all__ = ["ALGORITHM", "DSSE_TYPE", "ENV_KEY", "ENV_PUBKEY", "KEYGEN_HINT", "check",
+           "dsse_envelope", "generate", "key_id", "keygen", "load_private_key", "load_public_key",
+           "open_envelope", "sign"]
+
 DSSE_TYPE = "application/vnd.in-toto+json"
-KEYGEN_HINT = "make a key pair with `doit keygen key=PATH` (keep the private key out of git)"
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def key_id(public_key) -> str:
-    return hashlib.sha256(_raw(public_key)).hexdigest()
-
-
-def _raw(public_key) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 def generate(path: Path) -> str:
@@ -71,91 +63,6 @@ def keygen(path: str | None) -> str:
     kid = generate(Path(path))
     return (f"wrote the private key {path} (mode 0600; keep it out of git) and the public key "
             f"{path}.pub; key id {kid}")
-
-
-def load_private_key(path: str | None, **where):
-    """The signing key from key=PATH, else from $MODELYARD_SIGNING_KEY (a path or PEM text)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    source = path or os.environ.get(ENV_KEY, "")
-    if not source.strip():
-        raise PipelineError(f"no signing key: give key=PATH or set {ENV_KEY} "
-                            f"(a path, or the PEM text itself)", hint=KEYGEN_HINT, **where)
-    if source.lstrip().startswith("-----BEGIN"):
-        pem, origin = source.encode(), f"${ENV_KEY}"
-    else:
-        origin = source
-        try:
-            pem = Path(source).read_bytes()
-        except OSError as exc:
-            raise PipelineError(f"cannot read the signing key {source}: {exc.strerror}",
-                                hint=KEYGEN_HINT, **where) from None
-    try:
-        key = serialization.load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError) as exc:  # TypeError: the key is encrypted
-        raise PipelineError(f"the signing key {origin} is not an unencrypted PEM private key: {exc}",
-                            hint=KEYGEN_HINT, **where) from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise PipelineError(f"the signing key {origin} is a {type(key).__name__}, not Ed25519",
-                            hint=KEYGEN_HINT, **where)
-    return key
-
-
-def load_public_key(path: str | None, **where):
-    """The key a bundle must be signed with (pubkey=PATH or $MODELYARD_VERIFY_KEY), or None.
-
-    A private key file is accepted too: its public half is used.
-    """
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    source = path or os.environ.get(ENV_PUBKEY, "")
-    if not source.strip():
-        return None
-    try:
-        pem = Path(source).read_bytes()
-    except OSError as exc:
-        raise PipelineError(f"cannot read the public key {source}: {exc.strerror}", **where) from None
-    try:
-        key = serialization.load_pem_public_key(pem)
-    except ValueError:
-        try:
-            key = serialization.load_pem_private_key(pem, password=None).public_key()
-        except (ValueError, TypeError) as exc:
-            raise PipelineError(f"{source} is not a PEM Ed25519 key: {exc}", **where) from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise PipelineError(f"{source} is a {type(key).__name__}, not an Ed25519 key", **where)
-    return key
-
-
-def sign(private_key, data: bytes) -> dict:
-    public = private_key.public_key()
-    return {"algorithm": ALGORITHM, "key_id": key_id(public), "public_key": _b64(_raw(public)),
-            "signature": _b64(private_key.sign(data))}
-
-
-def check(signature: dict, data: bytes, expected=None) -> tuple[str | None, str | None]:
-    """(key id, problem): problem is None when `signature` is valid for `data`, made by `expected`
-    when given, else by the public key the signature names."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    try:
-        if signature.get("algorithm") != ALGORITHM:
-            return None, f"unsupported signature algorithm {signature.get('algorithm')!r}"
-        public = Ed25519PublicKey.from_public_bytes(base64.b64decode(signature["public_key"]))
-        sig = base64.b64decode(signature["signature"])
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        return None, f"malformed signature record ({exc})"
-    kid = key_id(public)
-    if expected is not None and kid != key_id(expected):
-        return kid, f"signed by key {kid[:16]}, not by the expected key {key_id(expected)[:16]}"
-    try:
-        public.verify(sig, data)
-    except InvalidSignature:
-        return kid, f"the signature of key {kid[:16]} does not match the signed bytes"
-    return kid, None
 
 
 def _pae(payload_type: str, payload: bytes) -> bytes:

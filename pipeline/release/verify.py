@@ -1,10 +1,14 @@
 """`doit verify bundle=PATH`: prove that a release bundle is what was signed.
 
 PATH is a release folder (artifacts/releases/<target>/<version>/), a folder unpacked from an
-archive, or the .tar.gz itself. Checked, every problem reported at once and naming its file:
-  * manifest.json.sig is a valid Ed25519 signature of manifest.json, by the key given with
-    pubkey=PATH or $MODELYARD_VERIFY_KEY when one is given (otherwise by the key the bundle
-    names, which proves integrity but not who signed: the report says which);
+archive, or the .tar.gz itself. The key that must have signed it is pinned: pubkey=PATH, else
+$MODELYARD_VERIFY_KEY, else `verify_key` in the [tool.modelyard] table of the project's
+pyproject.toml (core/settings.py). Without a pinned key verify refuses (a signature checked
+against the key the bundle names itself proves integrity, not who signed), unless
+integrity_only=1 asks for exactly that: the report then says that authorship was not checked.
+A pinned key is always checked, integrity_only=1 or not. Checked, every problem reported at
+once and naming its file:
+  * manifest.json.sig is a valid Ed25519 signature of manifest.json, by the pinned key;
   * every file the manifest lists is there, with its sha256 and size;
   * nothing is there that the manifest does not list; an archive holds regular files only,
     all under one top folder (no absolute paths, no `..`, no links, no devices, no duplicates);
@@ -25,6 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from . import signing
 from ..core.errors import PipelineError
+from ..core.settings import setting
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.sig"
@@ -53,13 +58,39 @@ def archive_name(root: str) -> str:
     return f"{root}.tar.gz"
 
 
-def verify(bundle: str | Path, pubkey: str | None = None, into: str | Path | None = None) -> str:
-    """Check a bundle; returns a summary, raises PipelineError listing every problem."""
+PIN_HINT = (f"pin the key the releases are signed with: pubkey=PATH, or ${signing.ENV_PUBKEY}=PATH, "
+            f"or verify_key = \"PATH\" in the [tool.modelyard] table of pyproject.toml (PATH: the "
+            f"public key, the .pub that `doit keygen` wrote); or say integrity_only=1 to check the "
+            f"bundle's integrity alone, without knowing who signed it")
+
+
+def pinned_key(pubkey: str | None = None, integrity_only: bool = False, what: str = "the bundle"):
+    """The public key a bundle must be signed with: pubkey=PATH, else $MODELYARD_VERIFY_KEY, else
+    `verify_key` in [tool.modelyard] of the pyproject.toml of the current folder (doit runs in
+    the project's). None only when no key is pinned and integrity_only is set."""
+    source = setting("verify_key", pubkey or None, env=signing.ENV_PUBKEY, path=True)
+    if source:
+        return signing.load_public_key(source, stage="verify")
+    if integrity_only:
+        return None
+    raise PipelineError(f"no key is pinned, so nothing says who must have signed {what}: checked "
+                        f"against the key it names itself, a bundle anyone re-signed would pass; "
+                        f"nothing was checked", stage="verify", hint=PIN_HINT)
+
+
+def verify(bundle: str | Path, pubkey: str | None = None, into: str | Path | None = None,
+           integrity_only: bool = False) -> str:
+    """Check a bundle against the pinned key (pinned_key); returns a summary, raises
+    PipelineError listing every problem."""
     if not bundle:
         raise PipelineError("say which bundle: doit verify bundle=PATH (a release folder or its "
                             ".tar.gz)", stage="verify")
-    bundle = Path(bundle)
-    expected = signing.load_public_key(pubkey, stage="verify")
+    return check_bundle(Path(bundle), pinned_key(pubkey, integrity_only, what=str(bundle)), into)
+
+
+def check_bundle(bundle: Path, expected, into: str | Path | None = None) -> str:
+    """verify() with the key already chosen: `expected`, a public key, or None to check
+    integrity only (the summary then says that authorship was not checked)."""
     if bundle.is_dir():
         if into:
             raise PipelineError("into=DIR unpacks an archive; this bundle is a folder already",
@@ -120,8 +151,9 @@ def _fail(bundle: Path, doc: dict | None, problems: list[str]):
 def _who(kid: str, expected) -> str:
     if expected is not None:
         return f"signed by the expected key {kid[:16]}"
-    return (f"signed by key {kid[:16]} as named in the bundle (integrity only: give pubkey=PATH "
-            f"or ${signing.ENV_PUBKEY} to require your key)")
+    return (f"signed by key {kid[:16]} as named in the bundle. INTEGRITY ONLY (integrity_only=1, "
+            f"no key pinned): who signed it was NOT checked; pin the release key (pubkey=PATH, "
+            f"${signing.ENV_PUBKEY} or verify_key in pyproject.toml) to check it")
 
 
 def _summary(doc: dict, kid: str, expected, what: str) -> str:

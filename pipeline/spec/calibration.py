@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .common import Doc, as_list, one_or_many
+from .common import Doc, as_list, links_out, one_or_many
 
 
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm")
@@ -60,8 +60,13 @@ class Dataset:
         return {"kind": self.kind, "files": [p.name for p in self.files]}
 
 
-def list_dataset(folder: Path, where: str, problems: list) -> Dataset | None:
-    """The samples of a data folder, or None with the problems appended (missing, empty, mixed)."""
+def list_dataset(folder: Path | None, where: str, problems: list,
+                 model_dir: Path | None = None) -> Dataset | None:
+    """The samples of a data folder, or None with the problems appended (missing, empty, mixed,
+    a sample that is a symbolic link out of `model_dir`). None for `folder` (a path that was
+    refused already) gives None."""
+    if folder is None:
+        return None
     if not folder.is_dir():
         problems.append(f"{where}: folder not found: {folder}")
         return None
@@ -73,6 +78,8 @@ def list_dataset(folder: Path, where: str, problems: list) -> Dataset | None:
     if odd:
         problems.append(f"{where}: {folder}: not a sample file: {', '.join(p.name for p in odd[:5])}"
                         f" (samples are {' '.join(IMAGE_EXT + ARRAY_EXT)})")
+        return None
+    if model_dir is not None and not links_out(model_dir, files, f"{where}: {folder}", problems):
         return None
     if not files:
         problems.append(f"{where}: {folder}: empty data set: no sample files "

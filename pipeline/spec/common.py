@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import re
 import types
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
@@ -43,6 +44,45 @@ def read_yaml(path: Path, problems: list) -> Any:
     except (OSError, yaml.YAMLError) as exc:
         problems.append(f"{path}: cannot read YAML: {str(exc).splitlines()[0]}")
         return None
+
+
+# ----------------------------------------------------------------------------- paths
+def inside(folder: Path, value: str, where: str, problems: list) -> Path | None:
+    """`value`, a path a model spec names, resolved in the model `folder`; None, with a problem
+    appended, when it may lead out of that folder: an absolute path, a `..` that climbs out, or a
+    symbolic link (itself or a folder on the way) whose target lies outside. Licenses ship in
+    signed releases and every file named is hashed into step keys: a spec may name only files of
+    its own folder, never whatever else the build machine can read."""
+    root = Path(folder).resolve()
+    if PurePath(value).is_absolute():
+        why = "is an absolute path; paths in a model spec are relative to the model folder"
+    elif os.path.normpath(value).split(os.sep)[0] == "..":
+        why = "leads out of the model folder with '..'"
+    else:
+        try:
+            path = (root / value).resolve()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop
+            problems.append(f"{where}: {value!r} cannot be resolved ({exc})")
+            return None
+        if path.is_relative_to(root):
+            return path
+        why = f"is or passes through a symbolic link to {path}, outside the model folder"
+    problems.append(f"{where}: {value!r} {why}: copy the file into {display(root)}/ and name it "
+                    f"relative to that folder")
+    return None
+
+
+def links_out(folder: Path, files, where: str, problems: list) -> bool:
+    """Append a problem for each of `files` (found under a folder a spec names) that is a symbolic
+    link leading out of the model `folder`; True when there is none."""
+    root, clean = Path(folder).resolve(), True
+    for path in files:
+        target = Path(path).resolve()
+        if not target.is_relative_to(root):
+            problems.append(f"{where}: {Path(path).name} is a symbolic link to {target}, outside "
+                            f"the model folder: copy the file into {display(root)}/ instead")
+            clean = False
+    return clean
 
 
 # ----------------------------------------------------------------------------- documents

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal, Optional
 
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from .onnx_signature import external_data as read_external_data
 from .onnx_signature import read_signature as read_onnx_signature
 from .shapes import check as check_shapes, expand as expand_shapes, parse as parse_shapes
-from .sources import read_signature as read_source_signature, source_format, source_sha256
+from .sources import read_signature as read_source_signature, source_files, source_format, source_sha256
 from .calibration import PreprocessingDoc
-from .common import (NAME_RE, Doc, Says, Tolerance, ToleranceDoc, as_list, display, one_or_many,
-                     read_yaml, validate)
+from .common import (NAME_RE, Doc, Says, Tolerance, ToleranceDoc, as_list, display, inside,
+                     links_out, one_or_many, read_yaml, validate)
 from .shapes import Shapes
 from .ship import ModelShip
 from .ship import parse_model as parse_ship
@@ -36,6 +37,7 @@ DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "b
 NonEmpty = Annotated[str, Field(pattern=r"\S"), Says("required, a non-empty string")]
 DEFAULT_OPSET = 17
 SIGNATURE_VERSION = 1
+EXTERNAL_VERSION = 1
 
 # ----------------------------------------------------------------------------- model specs
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class ModelSpec:
     variants: tuple = ()  # precision variants (variants.VariantSpec), see pipeline/spec/variants.py
     preprocessing: dict = field(default_factory=dict, compare=False, hash=False)  # input -> calibration.Preprocessing
     source_format: str = "onnx"   # onnx | tflite | nnef (see sources.py)
+    external_data: tuple[str, ...] = ()  # an ONNX source's external-data files, beside it (sources.py)
     shape_of: str | None = None   # a shape variant `base.shape` of model `base` (see shapes.py)
     shape: str | None = None
     shapes: tuple = ()            # on the base model: the names of its shape variants' specs
@@ -118,9 +121,11 @@ def _text(value):
 class SourceDoc(Doc):
     """The model file the artifacts are built from."""
     path: str
-    """relative to the model folder: an .onnx or .tflite file, or an NNEF graph folder"""
+    """relative to the model folder, and inside it: an .onnx or .tflite file, or an NNEF graph
+    folder"""
     sha256: Annotated[str, BeforeValidator(_text)]
-    """sha256sum of the file (of an NNEF folder: see docs/sources.md); a mismatch is a spec error"""
+    """sha256sum of the file (of an NNEF folder, or of an ONNX file with external data: of all
+    its files, see docs/sources.md); a mismatch is a spec error"""
 
 
 class RandomDoc(Doc):
@@ -144,7 +149,8 @@ class TestDataDoc(Doc):
     random: Optional[RandomDoc] = None
     """uniform random values (default: seed 0, low 0, high 1)"""
     file: str = None
-    """a .npy file in the model folder, an array of exactly the input's shape and dtype"""
+    """a .npy file in the model folder (relative to it), an array of exactly the input's shape
+    and dtype"""
 
     @model_validator(mode="after")
     def _one(self):
@@ -203,7 +209,8 @@ class ModelDoc(Doc):
     source: SourceDoc
     """the model file and its sha256"""
     license: Optional[one_or_many(str)] = None
-    """a file name or a list of them, in the model folder; they ship in releases"""
+    """a file name or a list of them, in the model folder (relative to it, never a link out of
+    it); they ship in releases"""
     inputs: dict[str, InputDoc]
     """every model input, by name"""
     tolerance: ToleranceDoc
@@ -241,11 +248,15 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
     doc = validate(ModelDoc, raw, where, problems)
     if doc is None:
         return None, problems
-    source, source_sha = _source(doc.source, folder, where, problems)
-    licenses = [folder / item for item in as_list(doc.license)]
-    for path in licenses:
+    source, source_sha, external = _source(doc.source, folder, where, problems, memo_dir)
+    licenses = []
+    for item in as_list(doc.license):
+        path = inside(folder, item, f"{where}: license", problems)
+        if path is None:
+            continue
         if not path.is_file():
             problems.append(f"{where}: license: file not found: {path}")
+        licenses.append(path)
     inputs = []
     for in_name, body in (doc.inputs or {}).items():
         if body is not None and body.shape is not None and body.dtype is not None:
@@ -285,28 +296,83 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                      release=release, skip=tuple(sorted((k, " ".join(v.split()))
                                                         for k, v in (doc.skip or {}).items())),
                      variants=variants, preprocessing=preprocessing,
-                     source_format=source_format(source), tvm=tvm,
+                     source_format=source_format(source), external_data=external, tvm=tvm,
                      ship=parse_ship(doc.ship))
     return expand_shapes(spec, shape_variants), []
 
 
-def _source(doc: SourceDoc | None, folder: Path, where: str, problems: list):
-    """(the source, its sha256) if it exists, is a source and matches its sha256, else Nones."""
+def _source(doc: SourceDoc | None, folder: Path, where: str, problems: list,
+            memo_dir: Path | None = None):
+    """(the source, its sha256, its external-data files) if it exists inside the model folder, is
+    a source and matches its sha256, else (None, None, ())."""
+    none = None, None, ()
     if doc is None or doc.path is None:
-        return None, None
-    source = (folder / doc.path).resolve()
+        return none
+    source = inside(folder, doc.path, f"{where}: source.path", problems)
+    if source is None:
+        return none
     if not source.exists():
         problems.append(f"{where}: source.path: file not found: {source}")
-    elif source_format(source) is None:
+        return none
+    fmt = source_format(source)
+    if fmt is None:
         problems.append(f"{where}: source.path: a source is an .onnx or .tflite file or "
                         f"an NNEF graph folder (got {source.suffix or 'no extension'})")
-    elif doc.sha256 is not None:
-        actual = source_sha256(source)
+        return none
+    external = ()
+    if fmt == "nnef" and not links_out(folder, source_files(source).values(),
+                                       f"{where}: source.path", problems):
+        return none
+    if fmt == "onnx":
+        external = _external_data(source, folder, where, problems, memo_dir)
+        if external is None:
+            return none
+    if doc.sha256 is not None:
+        actual = source_sha256(source, external)
         if doc.sha256.lower() == actual:
-            return source, actual
+            return source, actual, external
+        covers = (f" (the sha256 of an ONNX model with external data covers the .onnx and "
+                  f"{', '.join(external)}: see docs/sources.md)" if external else "")
         problems.append(f"{where}: source.sha256: mismatch for {source.name}: spec says "
-                        f"{doc.sha256}, file is {actual}")
-    return None, None
+                        f"{doc.sha256}, file is {actual}{covers}")
+    return none
+
+
+def _external_data(source: Path, folder: Path, where: str, problems: list,
+                   memo_dir: Path | None) -> tuple[str, ...] | None:
+    """The external-data files an ONNX source's tensors name (`location`, relative to the .onnx's
+    folder: onnx and onnxruntime refuse any other), each there and inside the model folder; None
+    when one is not. They are part of the source: hashed with it, inputs of its import step."""
+    locations, ok = [], True
+    for location in _external_locations(source, memo_dir):
+        lw = f"{where}: source.path: external data of {source.name}"
+        rel = PurePosixPath(location)
+        if not location or rel.is_absolute() or ".." in rel.parts:
+            problems.append(f"{lw}: location {location!r} is not a path below the folder of "
+                            f"{source.name} (onnx and onnxruntime refuse it): save the model with "
+                            f"its external data beside it, in the model folder")
+            ok = False
+        elif not (source.parent / rel).is_file():
+            problems.append(f"{lw}: file not found: {source.parent / rel}")
+            ok = False
+        elif links_out(folder, [source.parent / rel], lw, problems):
+            locations.append(rel.as_posix())
+        else:
+            ok = False
+    return tuple(sorted(set(locations))) if ok else None
+
+
+def _external_locations(source: Path, memo_dir: Path | None) -> list[str]:
+    """onnx_signature.external_data, memoised by the file's sha256 (it walks every node)."""
+    memo = memo_dir / "external" / f"{sha256_file(source)}.json" if memo_dir else None
+    if memo and memo.is_file():
+        cached = json.loads(memo.read_text())
+        if cached.get("version") == EXTERNAL_VERSION:
+            return cached["locations"]
+    locations = read_external_data(source)
+    if memo:
+        atomic_write_text(memo, canonical_json({"version": EXTERNAL_VERSION, "locations": locations}))
+    return locations
 
 
 def _release(doc: ReleaseDoc | None, signature: dict, where: str, problems: list) -> dict:
@@ -334,7 +400,9 @@ def _test_data(doc: TestDataDoc | None, folder: Path, where: str, problems: list
     if doc is None or doc.file is None:
         r = (doc.random if doc else None) or RandomDoc()
         return TestData("random", r.seed, r.low, r.high)
-    path = (folder / doc.file).resolve()
+    path = inside(folder, doc.file, f"{where}.test_data.file", problems)
+    if path is None:
+        return None
     if not path.is_file():
         problems.append(f"{where}.test_data.file: file not found: {path}")
     elif path.suffix != ".npy":

@@ -7,6 +7,9 @@ a model with megabytes of weights is read in about the time it takes to read the
 The result is exactly what `onnx.load(path, load_external_data=False)` followed by the old
 `spec.read_signature` gives. External data is never read.
 
+external_data() walks the same way to the tensors stored outside the file (TensorProto
+external_data `location`): those files are part of the source (spec/sources.py).
+
 What it does not do is check the parts it skips: a file whose node attributes or weights are
 corrupt (protobuf rejects it) still gets its signature here; the import stage reports it.
 """
@@ -214,6 +217,100 @@ def read_signature(path) -> dict:
         return {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
     try:
         return parse_signature(mapped)
+    finally:
+        try:
+            mapped.close()
+        except BufferError:  # a view still alive (only on an unexpected error): leave it to GC
+            pass
+
+
+# ----------------------------------------------------------------------------- external data
+_EXTERNAL = 1                        # TensorProto.DataLocation.EXTERNAL
+_GRAPH_NODE, _FUNCTION_NODE = 1, 7   # GraphProto.node, FunctionProto.node
+
+
+def _tensor_location(chunks) -> str | None:
+    """The `location` of a TensorProto stored as external data (data_location 14, external_data
+    13: key/value entries), else None."""
+    location, external = "", False
+    for f, w, v in _fields(chunks):
+        if f == 14 and w == _VARINT:
+            external = v == _EXTERNAL
+        elif f == 13 and w == _LEN:
+            entry = {ef: bytes(ev).decode("utf-8", "replace") for ef, ew, ev in _fields([v])
+                     if ef in (1, 2) and ew == _LEN}
+            if entry.get(1) == "location":
+                location = entry.get(2, "")
+    return location if external else None
+
+
+def _sparse_locations(chunks, out: set) -> None:
+    for f, w, v in _fields(chunks):  # SparseTensorProto: values 1, indices 2
+        if f in (1, 2) and w == _LEN:
+            out.add(_tensor_location([v]))
+
+
+def _graph_locations(chunks, out: set, node_field: int = _GRAPH_NODE, depth: int = 0) -> None:
+    """Add the locations of the external tensors of a GraphProto (initializers 5, sparse
+    initializers 15, node attributes) or a FunctionProto (node attributes only) to `out`."""
+    if depth > 64:
+        raise DecodeError("graphs nested too deep")
+    nodes = []
+    for f, w, v in _fields(chunks):
+        if w != _LEN:
+            continue
+        if f == node_field:
+            nodes.append(v)
+        elif node_field == _GRAPH_NODE and f == 5:
+            out.add(_tensor_location([v]))
+        elif node_field == _GRAPH_NODE and f == 15:
+            _sparse_locations([v], out)
+    for node in nodes:
+        for f, w, v in _fields([node]):
+            if f != 5 or w != _LEN:        # NodeProto.attribute
+                continue
+            for af, aw, av in _fields([v]):
+                if aw != _LEN:
+                    continue
+                if af in (5, 10):           # AttributeProto.t, .tensors
+                    out.add(_tensor_location([av]))
+                elif af in (6, 11):         # .g, .graphs
+                    _graph_locations([av], out, _GRAPH_NODE, depth + 1)
+                elif af in (22, 23):        # .sparse_tensor, .sparse_tensors
+                    _sparse_locations([av], out)
+
+
+def parse_external_data(data) -> list[str]:
+    """The external-data locations of a serialized ModelProto (graph 7, functions 25), sorted."""
+    out, graphs, functions = set(), [], []
+    try:
+        for f, w, v in _fields([memoryview(data)]):
+            if f == 7 and w == _LEN:
+                graphs.append(v)
+            elif f == 25 and w == _LEN:
+                functions.append(v)
+        _graph_locations(graphs, out)
+        for function in functions:
+            _graph_locations([function], out, _FUNCTION_NODE)
+    except DecodeError:
+        return []  # read_signature reports the file as unreadable
+    return sorted(loc for loc in out if loc is not None)
+
+
+def external_data(path) -> list[str]:
+    """The `location` of every tensor of an ONNX file stored as external data (initializers,
+    sparse initializers, node attributes, subgraphs, functions, as onnx's own loader finds them),
+    sorted, each once; [] for a file without, or one that cannot be read (read_signature says
+    so). Like read_signature, the file is mapped, and the weights are skipped unread."""
+    try:
+        with open(os.fspath(path), "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return []
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return []
+    try:
+        return parse_external_data(mapped)
     finally:
         try:
             mapped.close()

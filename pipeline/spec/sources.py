@@ -19,6 +19,10 @@ names NNEF cannot spell, such as `input_2:0`, are given back after conversion), 
 fixed (`nnef_fixes.py`: PRELU, SELECT_V2, NNEF stack, shape ops computed at run time). The converted model is then checked like any
 other: the static stage compares it with the TFLite interpreter's golden outputs.
 
+An ONNX source's external-data files (tensors stored beside the .onnx, `location` in
+TensorProto.external_data) are part of it: its import step reads and hashes them, and its sha256
+covers them (source_files, files_sha256).
+
 A layout flip is never silent: the import stage requires the converted model's inputs and
 outputs to have exactly the source's names, order, shapes and dtypes.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.store import canonical_json, sha256_file, sha256_text
+from .onnx_signature import external_data
 
 NNEF_GRAPH = "graph.nnef"
 ROUTES = {"onnx": None, "tflite": "tflite->nnef->onnx (nnef-tools)", "nnef": "nnef->onnx (nnef-tools)"}
@@ -45,19 +50,31 @@ def source_format(path: Path) -> str | None:
     return {".onnx": "onnx", ".tflite": "tflite"}.get(path.suffix)
 
 
-def source_files(path: Path) -> dict[str, Path]:
-    """The files a source consists of, by logical name (an NNEF folder: graph.nnef and its .dat)."""
+def source_files(path: Path, external: tuple[str, ...] | None = None) -> dict[str, Path]:
+    """The files a source consists of, by logical name: an NNEF folder's graph.nnef and .dat
+    files (`source:<path in the folder>`); a file (`source`) and, for ONNX, the external-data
+    files its tensors name (`source:<location>`, relative to the .onnx's folder). `external`:
+    those locations when already known (ModelSpec.external_data), else they are read."""
     if path.is_dir():
         return {f"source:{p.relative_to(path).as_posix()}": p
                 for p in sorted(path.rglob("*")) if p.is_file()}
-    return {"source": path}
+    if external is None:
+        external = external_data(path) if source_format(path) == "onnx" else ()
+    return {"source": path, **{f"source:{loc}": path.parent / loc for loc in external}}
 
 
-def source_sha256(path: Path) -> str:
-    """sha256 of the file; for a folder, of the canonical JSON of {relative path: sha256}."""
-    if path.is_dir():
-        return sha256_text(canonical_json({k: sha256_file(p) for k, p in source_files(path).items()}))
-    return sha256_file(path)
+def files_sha256(hashes: dict[str, str]) -> str:
+    """The sha256 a spec pins for a source, from the sha256 of each of its files by logical name
+    (source_files): a lone file's own (what sha256sum prints); an NNEF folder's or an ONNX file's
+    with external data: the sha256 of the canonical JSON of {logical name: sha256}."""
+    if set(hashes) == {"source"}:
+        return hashes["source"]
+    return sha256_text(canonical_json(hashes))
+
+
+def source_sha256(path: Path, external: tuple[str, ...] | None = None) -> str:
+    """The sha256 a spec pins for the source at `path` (files_sha256 of its files)."""
+    return files_sha256({k: sha256_file(p) for k, p in source_files(path, external).items()})
 
 
 # ----------------------------------------------------------------------------- signatures

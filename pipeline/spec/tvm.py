@@ -26,7 +26,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag
 
-from .common import Doc, Says, check_via
+from .common import Doc, Says, check_via, inside, links_out
 
 DATABASE = ("database_workload.json", "database_tuning_record.json")
 DATABASE_FILES = (*DATABASE, "tune.json")   # what a pinned database folder holds
@@ -136,7 +136,8 @@ class TvmDoc(Doc):
     tune: Optional[dict[str, Budget]] = None
     """target -> {trials, per_task, in_build}, or a number of trials"""
     database: Optional[dict[str, str]] = None
-    """target -> a folder (in the model folder) holding the database `doit tune ... pin=1` made"""
+    """target -> a folder (relative to the model folder, inside it) holding the database
+    `doit tune ... pin=1` made"""
 
 
 def parse_model(doc: TvmDoc | None, model_dir: Path, where: str, problems: list) -> dict:
@@ -152,13 +153,16 @@ def parse_model(doc: TvmDoc | None, model_dir: Path, where: str, problems: list)
     for target, folder in ((doc.database if doc else None) or {}).items():
         if folder is None:
             continue
-        path = (model_dir / folder).resolve()
+        dw = f"{where}: tvm.database.{target}"
+        path = inside(model_dir, folder, dw, problems)
+        if path is None:
+            continue
         missing = [n for n in DATABASE_FILES if not (path / n).is_file()]
         if missing:
-            problems.append(f"{where}: tvm.database.{target}: {path} lacks {', '.join(missing)}")
+            problems.append(f"{dw}: {path} lacks {', '.join(missing)}")
         elif target not in out["tune"]:
-            problems.append(f"{where}: tvm.database.{target}: a pinned database needs a budget "
+            problems.append(f"{dw}: a pinned database needs a budget "
                             f"(tvm.tune.{target}) to say what it was tuned with")
-        else:
+        elif links_out(model_dir, [path / n for n in DATABASE_FILES], dw, problems):
             out["database"][target] = path
     return out

@@ -54,7 +54,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import Field
 
 from .calibration import Dataset, check_dataset_fits, list_dataset, parse_preprocessing
-from .common import CLOSED, NAME_RE, Doc, Fraction, NonNegative, Says, ToleranceDoc, given
+from .common import CLOSED, NAME_RE, Doc, Fraction, NonNegative, Says, ToleranceDoc, given, inside
 
 PRECISIONS = ("fp16", "int8")
 METHODS = ("minmax", "entropy", "percentile")
@@ -118,7 +118,7 @@ def full_name(model, variant: VariantSpec) -> str:
 class CalibrationDoc(Doc):
     """int8 only: the data the quantizer measures activation ranges on."""
     data: str
-    """a folder of samples, relative to the model folder (see docs/variants.md)"""
+    """a folder of samples, relative to the model folder and inside it (see docs/variants.md)"""
     method: Literal[METHODS] = "minmax"
     percentile: Annotated[float, Field(ge=50, le=100)] = None
     """method percentile only (default 99.999)"""
@@ -155,7 +155,8 @@ class VariantDoc(Doc):
     io_dtype: Literal[IO_DTYPES] = None
     """fp16 only: float32 (default: Casts at the boundary) or float16"""
     evaluation: str
-    """a folder of samples the gate compares fp32 and the variant on, none used for calibration"""
+    """a folder of samples (in the model folder) the gate compares fp32 and the variant on, none
+    used for calibration"""
     gate: GateDoc
     tolerance: Optional[ToleranceDoc] = None
     """artifacts vs the variant's own golden (default: the model's tolerance)"""
@@ -185,8 +186,9 @@ def parse(pre_doc, doc, spec_dir: Path, inputs: dict, tolerance, where: str, pro
         calib = v.calibration
         if precision == "int8" and calib is not None:
             if calib.data is not None:
-                kw["calibration"] = list_dataset(spec_dir / calib.data, f"{vw}.calibration.data",
-                                                 problems)
+                dw = f"{vw}.calibration.data"
+                kw["calibration"] = list_dataset(inside(spec_dir, calib.data, dw, problems), dw,
+                                                 problems, spec_dir)
             kw["method"], kw["per_channel"] = calib.method, calib.per_channel
             if given(calib, "percentile") and calib.method != "percentile":
                 problems.append(f"{vw}.calibration.percentile: only for method: percentile")
@@ -202,7 +204,9 @@ def parse(pre_doc, doc, spec_dir: Path, inputs: dict, tolerance, where: str, pro
         kw["io_dtype"] = v.io_dtype or "float32"
         kw["exclude_nodes"] = tuple(v.exclude_nodes or ())
         if v.evaluation is not None:
-            kw["evaluation"] = list_dataset(spec_dir / v.evaluation, f"{vw}.evaluation", problems)
+            ew = f"{vw}.evaluation"
+            kw["evaluation"] = list_dataset(inside(spec_dir, v.evaluation, ew, problems), ew,
+                                            problems, spec_dir)
         kw["gate"] = v.gate and Gate(v.gate.max_abs, v.gate.mean_abs, v.gate.cosine,
                                      v.gate.top1_agreement)
         kw["tolerance"] = v.tolerance.spec() if v.tolerance else tolerance

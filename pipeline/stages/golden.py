@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
 from ..run.ort import reduced_session, session, variant_feeds
-from ..spec.sources import GOLDEN
+from ..spec.sources import GOLDEN, source_files
 from ..spec.variants import IO_DTYPES, full_name
 from .plan import outputs_for, static_model, variant_inputs, variant_preprocessing, variant_tools
 from .quantize import Samples, sample_inputs_problems
@@ -180,8 +180,10 @@ def golden_step(layout, model) -> Step:
     # the reference: the source itself (onnxruntime, or LiteRT for TFLite); for NNEF, which has no
     # interpreter here, onnxruntime on its conversion
     fmt = model.source_format
+    # an ONNX source's external-data files are inputs too: onnxruntime reads them beside it
     inputs = ({"source": layout.model_stage(model.base, "import") / "model.onnx"} if fmt == "nnef"
-              else {"source": model.source})
+              else {"source": model.source} if fmt != "onnx"
+              else source_files(model.source, model.external_data))
     for spec in model.inputs:
         if spec.test_data.kind == "file":
             inputs[f"test_data:{spec.name}"] = spec.test_data.file

@@ -4,19 +4,31 @@
 Opsets below the spec's `opset` (default 17) are upgraded with onnx.version_converter (old
 PaddlePaddle exports at opset 11 need it before IREE takes them); newer opsets are kept as
 they are, never downgraded.
+
+The source is read once: its files (an ONNX file and its external data, a TFLite file, an NNEF
+folder) are copied into the scratch folder, hashed as they are copied, and must have the
+spec's sha256; the copy is what is loaded or converted. The spec checked that sha256 when it was
+loaded, but a file can change since (a `git pull` during the build): without this, a manifest
+could list the new sha256 over artifacts built from the old bytes.
 """
 from __future__ import annotations
 
 import collections
+import hashlib
+import re
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
-from ..core.steps import StageConfig, Step, key_value
+from ..core.steps import DISK_FULL, StageConfig, Step, key_value
 from ..core.store import pretty_json
-from ..spec.sources import NNEF_GRAPH, ROUTES, source_files
+from ..spec.sources import ROUTES, files_sha256, source_files
 from ..spec.sources import TOOLS as SOURCE_TOOLS
 
 VERSION = 2  # 2: TFLite route folds shape ops, restores I/O names (nnef_fixes, sources)
 OUTPUTS = ("model.onnx", "import.json")
+CHANGED_HINT = ("a file of the model's folder changed during the build (a `git pull`?): run the "
+                "build again; if the new bytes are meant, put their sha256 in source.sha256 of "
+                "the model's model.yaml (a spec error prints it)")
 
 
 @dataclass(frozen=True)
@@ -26,10 +38,13 @@ class Config(StageConfig):
     route: str | None = None          # a converted source: how it becomes ONNX (ROUTES)
     io: dict | None = None            # ... and its inputs/outputs, which the conversion must keep
     custom_ops: tuple[str, ...] = ()  # ... and its TFLite custom ops (none can be converted)
+    source_sha256: str | None = None  # the spec's pin: the bytes read must have it (import_step sets it)
 
     def problems(self):
         if isinstance(self.opset, bool) or not isinstance(self.opset, int) or self.opset < 1:
             yield f"opset must be a positive integer, got {self.opset!r}"
+        if self.source_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", str(self.source_sha256)):
+            yield f"source_sha256 must be 64 lower-case hex digits, got {self.source_sha256!r}"
         if self.format not in ROUTES:
             yield f"format must be one of {', '.join(ROUTES)}, got {self.format!r}"
         elif self.format == "onnx" and (self.route or self.io or self.custom_ops):
@@ -39,9 +54,11 @@ class Config(StageConfig):
 
     def as_key(self) -> dict:
         key = {"opset": self.opset}
-        if self.format != "onnx":  # converted to ONNX first (sources.py); ONNX keys unchanged
+        if self.format != "onnx":  # converted to ONNX first (sources.py)
             key.update(format=self.format, route=self.route, io=key_value(self.io),
                        custom_ops=list(self.custom_ops))
+        if self.source_sha256 is not None:
+            key["source_sha256"] = self.source_sha256
         return key
 
 
@@ -55,7 +72,8 @@ def run(ctx) -> None:
 
     cfg = ctx.cfg
     fmt = cfg.format
-    source = ctx.input("source") if fmt == "onnx" else _convert(ctx, cfg)
+    copy = read_source(ctx)
+    source = copy if fmt == "onnx" else _convert(ctx, cfg, copy)
     try:
         model = onnx.load(str(source))
     except Exception as exc:
@@ -91,8 +109,61 @@ def run(ctx) -> None:
     ctx.output("import.json").write_text(pretty_json(report))
 
 
-def _convert(ctx, cfg: Config):
-    """A TFLite file or NNEF folder -> ONNX in the scratch folder (sources.py), interface checked."""
+def read_source(ctx) -> Path:
+    """Copy the source's files (the step's inputs) into scratch/source/, hashing the very bytes
+    copied, and check them against the spec's pin; returns the copy to load or convert (an ONNX
+    file beside its external data, a TFLite file, an NNEF folder)."""
+    pin = ctx.cfg.source_sha256
+    if pin is None:
+        raise ValueError(f"import step {ctx.step.name} has no source_sha256 to check the source "
+                         f"against")  # a bug: import_step always sets it
+    dest, hashes, root = ctx.scratch / "source", {}, None
+    for name, path in sorted(ctx.step.inputs.items()):
+        path = Path(path)
+        if name == "source":  # a file, with an ONNX file's external data beside it
+            copy = root = dest / path.name
+        else:                 # source:<path in an NNEF folder, or an external-data location>
+            rel = PurePosixPath(name.split(":", 1)[1])
+            if ctx.cfg.format == "nnef":
+                folder = path
+                for _ in rel.parts:
+                    folder = folder.parent
+                root = dest / folder.name
+                copy = root / rel
+            else:
+                copy = dest / rel
+        try:
+            hashes[name] = _copy_hashing(path, copy)
+        except OSError as exc:
+            if exc.errno in DISK_FULL:
+                raise  # the copy could not be written: a full disk, said as such (steps.py)
+            raise ctx.error(f"cannot read the source file {path}: {exc.strerror}",
+                            hint=CHANGED_HINT) from None
+    actual = files_sha256(hashes)
+    if actual != pin:
+        files = (f"{root.name}/, {len(hashes)} files" if ctx.cfg.format == "nnef" else
+                 ", ".join(PurePosixPath(n.split(":", 1)[1]).as_posix() if ":" in n else root.name
+                           for n in sorted(hashes)))
+        raise ctx.error(f"the source changed after the specs were read: the bytes read now "
+                        f"({files}) have sha256 {actual}, the spec pins {pin}; nothing was built "
+                        f"from them", hint=CHANGED_HINT)
+    return root
+
+
+def _copy_hashing(source: Path, dest: Path) -> str:
+    """Copy a file, returning the sha256 of the bytes written (read once, never memoised)."""
+    h = hashlib.sha256()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(source, "rb") as src, open(dest, "xb") as out:
+        while chunk := src.read(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    return h.hexdigest()
+
+
+def _convert(ctx, cfg: Config, source: Path):
+    """A TFLite file or NNEF folder (the checked copy) -> ONNX in the scratch folder (sources.py),
+    interface checked."""
     from . import sources
     from ..spec.model import read_signature
     fmt = cfg.format
@@ -101,7 +172,6 @@ def _convert(ctx, cfg: Config):
                         f"neither the LiteRT builtin interpreter (golden) nor nnef-tools (the route "
                         f"to ONNX) can run or convert them",
                         hint="re-export the model with builtin TFLite ops only (or replace those ops)")
-    source = ctx.input(f"source:{NNEF_GRAPH}").parent if fmt == "nnef" else ctx.input("source")
     converted = ctx.output("model.onnx")  # rewritten below once checked and opset-normalised
     try:
         sources.to_onnx(source, fmt, converted, log=ctx.log)
@@ -124,12 +194,12 @@ def steps(project) -> list:
 
 def import_step(layout, model) -> Step:
     fmt = model.source_format
-    config = Config(opset=model.opset) if fmt == "onnx" else Config(
+    config = Config(opset=model.opset, source_sha256=model.source_sha256) if fmt == "onnx" else Config(
         opset=model.opset, format=fmt, route=ROUTES[fmt],
         io={k: model.signature[k] for k in ("inputs", "outputs")},
-        custom_ops=tuple(model.signature.get("custom_ops", [])))
-    return Step(stage="import", name=model.name, version=VERSION,
-                config=config, inputs=source_files(model.source),
+        custom_ops=tuple(model.signature.get("custom_ops", [])), source_sha256=model.source_sha256)
+    return Step(stage="import", name=model.name, version=VERSION,  # inputs: every file of the source
+                config=config, inputs=source_files(model.source, model.external_data),
                 outputs=OUTPUTS, out_dir=layout.model_stage(model.name, "import"),
                 tools=("onnx",) + SOURCE_TOOLS[model.source_format], action=run,
                 layout=layout,

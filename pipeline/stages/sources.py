@@ -1,5 +1,8 @@
 """Converting TFLite files and NNEF folders to ONNX (the import stage's route), and running
 TFLite sources in LiteRT (their golden reference). What a source is: pipeline/spec/sources.py.
+
+The import stage converts its own copy of the source, whose bytes it has hashed and checked
+against the spec's pin (import_model.read_source): to_onnx reads nothing else.
 """
 from __future__ import annotations
 

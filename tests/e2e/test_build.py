@@ -153,11 +153,11 @@ def test_killed_step_leaves_nothing_mistaken_for_done(workspace):
             f"models={workspace.models}", f"artifacts={workspace.artifacts}"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    scratch = workspace.artifacts / ".tmp" / "iree_compile"
+    scratch = workspace.artifacts / ".tmp"  # .tmp/<pid>/<stage>/<step>/
     deadline = time.time() + 120
-    while time.time() < deadline and not any(scratch.glob("*/model.mlir")):
+    while time.time() < deadline and not any(scratch.glob("*/iree_compile/*/model.mlir")):
         time.sleep(0.05)
-    assert any(scratch.glob("*/model.mlir")), "never saw the compile step start"
+    assert any(scratch.glob("*/iree_compile/*/model.mlir")), "never saw the compile step start"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     compiled = workspace.artifacts / "host/alpha/cpu-x86_64/iree_compile"

@@ -186,7 +186,7 @@ def test_verify_unpacks_a_good_archive_only_into_the_target_folder(released, tmp
     assert (dest / VMFB).read_bytes() == (bundle / VMFB).read_bytes()
     assert "files match" in verify(dest, pubkey=f"{key}.pub")
     with pytest.raises(PipelineError, match="already exists: nothing was unpacked"):
-        verify(archive, into=tmp_path / "board")
+        verify(archive, pubkey=f"{key}.pub", into=tmp_path / "board")
 
 
 # ----------------------------------------------------------------------------- tampering
@@ -195,7 +195,7 @@ def test_flipped_byte_in_a_released_artifact_fails_verify_naming_that_file(relea
     copy = tmp_path / "copy"
     shutil.copytree(bundle, copy)
     flip_byte(copy / VMFB)
-    result = ws.doit("verify", f"bundle={copy}")
+    result = ws.doit("verify", f"bundle={copy}", f"pubkey={key}.pub")
     assert result.returncode != 0
     problems = [l for l in out(result).splitlines() if l.startswith("  - ")]
     assert problems == [f"  - {VMFB}: sha256 {sha256(copy / VMFB)} (" +
@@ -212,13 +212,13 @@ def test_flipped_byte_in_a_released_artifact_fails_verify_naming_that_file(relea
     names = [p.relative_to(inner).as_posix() for p in inner.rglob("*") if p.is_file()]
     release.write_archive(inner, names, "modelyard-host-1.0.0", release.DEFAULT_EPOCH, repacked)
     with pytest.raises(PipelineError) as info:
-        verify(repacked)
+        verify(repacked, pubkey=f"{key}.pub")
     assert f"  - {VMFB}: sha256 {sha256(inner / VMFB)}" in info.value.what
     manifest = inner / "manifest.json"
     manifest.write_text(manifest.read_text().replace(sha256(bundle / VMFB), sha256(inner / VMFB)))
     with pytest.raises(PipelineError, match="manifest.json: the signature of key [0-9a-f]{16} does "
                                             "not match the signed bytes"):
-        verify(inner)
+        verify(inner, pubkey=f"{key}.pub")
 
 
 def test_verify_pins_the_signing_key(released, tmp_path, monkeypatch):
@@ -234,15 +234,62 @@ def test_verify_pins_the_signing_key(released, tmp_path, monkeypatch):
     assert "signed by the expected key" in verify(bundle)
 
 
+def test_verify_requires_a_pinned_key_unless_integrity_only(released, tmp_path, monkeypatch):
+    """Scripts read exit codes: without a pinned key (pubkey=, $MODELYARD_VERIFY_KEY, verify_key
+    in pyproject.toml) verify fails, unless integrity_only=1 says that integrity alone is wanted."""
+    ws, key, bundle = released
+    monkeypatch.delenv(signing.ENV_PUBKEY, raising=False)
+    refused = ws.doit("verify", f"bundle={bundle}")
+    text = out(refused)
+    assert refused.returncode != 0 and "Traceback" not in text
+    assert (f"[stage=verify] no key is pinned, so nothing says who must have signed {bundle}: "
+            f"checked against the key it names itself, a bundle anyone re-signed would pass; "
+            f"nothing was checked\n  next: pin the key the releases are signed with: pubkey=PATH, "
+            f"or $MODELYARD_VERIFY_KEY=PATH, or verify_key = \"PATH\" in the [tool.modelyard] "
+            f"table of pyproject.toml") in text, text
+    assert "integrity_only=1" in text and "files match" not in text
+
+    loose = ws.doit("verify", f"bundle={bundle}", "integrity_only=1")
+    assert loose.returncode == 0, out(loose)
+    assert "files match the signed manifest of host 1.0.0" in loose.stdout
+    assert "INTEGRITY ONLY (integrity_only=1, no key pinned): who signed it was NOT checked" \
+        in loose.stdout and "signed by the expected key" not in loose.stdout
+
+    # a pinned key is checked even with integrity_only=1
+    other = tmp_path / "other-test-key.pem"
+    signing.generate(other)
+    wrong = ws.doit("verify", f"bundle={bundle}", f"pubkey={other}.pub", "integrity_only=1")
+    assert wrong.returncode != 0 and "not by the expected key" in out(wrong)
+    monkeypatch.setenv(signing.ENV_PUBKEY, f"{key}.pub")
+    pinned = ws.doit("verify", f"bundle={bundle}")
+    assert pinned.returncode == 0 and "signed by the expected key" in pinned.stdout, out(pinned)
+
+    # the project's pyproject.toml: [tool.modelyard] verify_key, relative to that file's folder
+    monkeypatch.delenv(signing.ENV_PUBKEY)
+    project_dir = tmp_path / "project"
+    (project_dir / "keys").mkdir(parents=True)
+    shutil.copy(f"{key}.pub", project_dir / "keys" / "release.pub")
+    (project_dir / "pyproject.toml").write_text('[tool.modelyard]\nverify_key = "keys/release.pub"\n')
+    monkeypatch.chdir(project_dir)
+    assert "signed by the expected key" in verify(bundle)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "keys").mkdir(parents=True)
+    shutil.copy(f"{other}.pub", elsewhere / "keys" / "release.pub")
+    (elsewhere / "pyproject.toml").write_text('[tool.modelyard]\nverify_key = "keys/release.pub"\n')
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(PipelineError, match="signed by key [0-9a-f]{16}, not by the expected key"):
+        verify(bundle)
+
+
 def test_truncated_archive_is_a_clear_error(released, tmp_path):
-    ws, _, bundle = released
+    ws, key, bundle = released
     data = (bundle / "modelyard-host-1.0.0.tar.gz").read_bytes()
     for cut in (len(data) // 2, len(data) - 4, 5):
         short = tmp_path / f"cut{cut}.tar.gz"
         short.write_bytes(data[:cut])
         with pytest.raises(PipelineError, match="the archive is truncated or damaged"):
-            verify(short)
-    result = ws.doit("verify", f"bundle={short}", f"into={tmp_path / 'board'}")
+            verify(short, pubkey=f"{key}.pub")
+    result = ws.doit("verify", f"bundle={short}", f"pubkey={key}.pub", f"into={tmp_path / 'board'}")
     assert result.returncode != 0 and "truncated or damaged" in result.stdout
     assert "Traceback" not in out(result) and not (tmp_path / "board").exists()
 
@@ -265,12 +312,12 @@ def _evil_archive(path: Path, good: Path) -> None:
 
 
 def test_archive_with_traversal_or_links_is_refused_and_nothing_is_written(released, tmp_path):
-    _, _, bundle = released
+    _, key, bundle = released
     evil = tmp_path / "evil.tar.gz"
     _evil_archive(evil, bundle / "modelyard-host-1.0.0.tar.gz")
     board = tmp_path / "deep" / "board"
     with pytest.raises(PipelineError) as info:
-        verify(evil, into=board)
+        verify(evil, pubkey=f"{key}.pub", into=board)
     text = info.value.what
     for expected in ("modelyard-host-1.0.0/../../evil.txt: the path leaves the bundle's top folder",
                      "/tmp/modelyard-abs-evil.txt: the path leaves the bundle's top folder",
@@ -285,7 +332,7 @@ def test_archive_with_traversal_or_links_is_refused_and_nothing_is_written(relea
     shutil.copytree(bundle, copy)
     (copy / "models" / "alpha-link").symlink_to("/etc/passwd")
     with pytest.raises(PipelineError, match="models/alpha-link: a symbolic link"):
-        verify(copy)
+        verify(copy, pubkey=f"{key}.pub")
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -311,9 +358,29 @@ def test_a_released_version_is_never_rewritten(tmp_path):
            "content" in refused.stdout
     assert VMFB in refused.stdout and "release under a new version number" in refused.stdout
     assert {p: sha256(p) for p in bundle.rglob("*") if p.is_file()} == before
-    assert not any((ws.artifacts / ".tmp" / "release").iterdir())
+    assert not any((ws.artifacts / ".tmp").glob("*/release/*"))  # .tmp/<pid>/release/<step>
     do_release(ws, "host", "1.1.0", key)
     assert sorted(p.name for p in bundle.parent.iterdir()) == ["1.0.0", "1.1.0"]
+
+
+def test_a_version_signed_by_another_key_is_not_reported_unchanged(released, tmp_path, monkeypatch):
+    """Re-releasing an existing version verifies the bundle on disk against the public half of
+    the signing key given (its own pin), never against the key the bundle names."""
+    ws, key, bundle = released
+    monkeypatch.delenv(signing.ENV_PUBKEY, raising=False)
+    other = tmp_path / "other-test-key.pem"
+    signing.generate(other)
+    before = {p: sha256(p) for p in bundle.rglob("*") if p.is_file()}
+    with pytest.raises(PipelineError) as info:
+        release.run(project(ws), "host", "1.0.0", str(other))
+    old, new = signing.key_id(signing.load_private_key(str(key)).public_key()), \
+        signing.key_id(signing.load_private_key(str(other)).public_key())
+    assert info.value.what == (f"version 1.0.0 of host is already released with this content, "
+                               f"but signed by key {old[:16]}, not by this key {new[:16]}; a "
+                               f"release is never re-signed")
+    assert info.value.stage == "release" and info.value.target == "host"
+    assert {p: sha256(p) for p in bundle.rglob("*") if p.is_file()} == before
+    assert "unchanged: host 1.0.0" in release.run(project(ws), "host", "1.0.0", str(key))
 
 
 def test_bad_version_or_key_is_a_clear_error_and_writes_nothing(released, tmp_path, monkeypatch):

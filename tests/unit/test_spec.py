@@ -129,3 +129,122 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it(tmp_path):
     (problem,) = info.value.problems
     assert problem.endswith("tolerance.max_abs: expected a number, got '1e-4' (YAML reads 1e-4 as "
                             "text: write it with a dot and a signed exponent, e.g. 1.0e-5)"), problem
+
+
+def test_spec_paths_stay_inside_the_model_folder(tmp_path):
+    """Licenses ship in signed releases and every named file is hashed into keys: an absolute
+    path, a `..` out of the folder or a symbolic link out of it is a spec error, all at once."""
+    import numpy as np
+    models = tmp_path / "models"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the model's\n")
+    (tmp_path / "outside_eval").mkdir()
+    np.save(tmp_path / "outside_eval" / "e.npy", np.zeros((1, 3, 16, 16), np.float32))
+    a = models / "a"
+    spec = add_tiny_model(models, "a")
+    (a / "LICENSE").write_text("license\n")
+    (a / "LINK").symlink_to(secret)
+    (a / "calib").mkdir()
+    (a / "calib" / "s.npy").symlink_to(tmp_path / "outside_eval" / "e.npy")
+    (a / "eval_link").symlink_to(tmp_path / "outside_eval")
+    spec.write_text(spec.read_text().replace("random: {seed: 0, low: -1.0, high: 1.0}",
+                                             "file: ../x.npy")
+                    + "license: [/etc/hostname, ../secret.txt, LINK, data/../LICENSE]\n"
+                      "variants:\n  int8:\n    calibration: {data: calib}\n"
+                      "    evaluation: eval_link\n"
+                      "    gate: {max_abs: 0.1, mean_abs: 0.01, cosine: 0.99}\n"
+                      f"tvm:\n  tune: {{host: 8}}\n  database: {{host: {tmp_path}}}\n")
+    b = models / "b"
+    b.mkdir()
+    write_spec(b, str(a / "model.onnx"), sha256(a / "model.onnx"))
+    c = models / "c"  # an NNEF folder, one of whose tensors is a link out
+    (c / "c.nnef").mkdir(parents=True)
+    (c / "c.nnef" / "graph.nnef").write_text("version 1.0;\n")
+    (c / "c.nnef" / "w.dat").symlink_to(secret)
+    write_spec(c, "c.nnef", "0" * 64)
+
+    with pytest.raises(SpecError) as info:
+        load_models(models, memo_dir=tmp_path / "memo")
+    problems = info.value.problems
+    copy = "copy the file into {}/ and name it relative to that folder"
+    expected = [
+        f"a/model.yaml: license: '/etc/hostname' is an absolute path; paths in a model spec are "
+        f"relative to the model folder: {copy.format(a)}",
+        f"a/model.yaml: license: '../secret.txt' leads out of the model folder with '..': "
+        f"{copy.format(a)}",
+        f"a/model.yaml: license: 'LINK' is or passes through a symbolic link to {secret}, outside "
+        f"the model folder: {copy.format(a)}",
+        f"a/model.yaml: inputs.x.test_data.file: '../x.npy' leads out of the model folder with "
+        f"'..': {copy.format(a)}",
+        f"a/model.yaml: variants.int8.calibration.data: {a / 'calib'}: s.npy is a symbolic link to "
+        f"{tmp_path / 'outside_eval' / 'e.npy'}, outside the model folder: copy the file into {a}/ "
+        f"instead",
+        f"a/model.yaml: variants.int8.evaluation: 'eval_link' is or passes through a symbolic link "
+        f"to {tmp_path / 'outside_eval'}, outside the model folder: {copy.format(a)}",
+        f"a/model.yaml: tvm.database.host: '{tmp_path}' is an absolute path; paths in a model spec "
+        f"are relative to the model folder: {copy.format(a)}",
+        f"b/model.yaml: source.path: '{a / 'model.onnx'}' is an absolute path; paths in a model "
+        f"spec are relative to the model folder: {copy.format(b)}",
+        f"c/model.yaml: source.path: w.dat is a symbolic link to {secret}, outside the model "
+        f"folder: copy the file into {c}/ instead",
+    ]
+    for line in expected:
+        assert any(p.endswith(line) for p in problems), f"missing: {line}\n" + "\n".join(problems)
+    assert len(problems) == len(expected), "\n".join(problems)
+
+
+def test_paths_that_stay_inside_the_model_folder_are_fine(tmp_path):
+    """`..` that stays inside and a link to another file of the folder are legitimate layouts."""
+    models = tmp_path / "models"
+    spec = add_tiny_model(models, "a")
+    (models / "a" / "legal").mkdir()
+    (models / "a" / "legal" / "LICENSE.txt").write_text("license\n")
+    (models / "a" / "LICENSE").symlink_to("legal/LICENSE.txt")
+    spec.write_text(spec.read_text() + "license: [LICENSE, legal/../legal/LICENSE.txt]\n")
+    (model,) = load_models(models)
+    assert model.licenses == (models / "a" / "legal" / "LICENSE.txt",) * 2
+
+
+def test_external_data_locations_are_found_wherever_onnx_finds_them(tmp_path):
+    """Initializers, Constant attributes, a subgraph's tensors and a model function's: the
+    protobuf walk (no onnx import) lists the same files as onnx's own loader."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, external_data_helper, helper, numpy_helper
+    from pipeline.spec.onnx_signature import external_data, read_signature
+
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+            np.full((8,), value, np.float32), f"{name}_t"))
+    branch = helper.make_graph([const("k", 3.0)], "then", [],
+                               [helper.make_tensor_value_info("k", TensorProto.FLOAT, [8])])
+    other = helper.make_graph([const("m", 4.0)], "else", [],
+                              [helper.make_tensor_value_info("m", TensorProto.FLOAT, [8])])
+    fn = helper.make_function("local", "AddC", ["a"], ["b"],
+                              [const("c", 5.0), helper.make_node("Add", ["a", "c"], ["b"])],
+                              [helper.make_opsetid("", 17)])
+    nodes = [const("one", 1.0), helper.make_node("Add", ["x", "w"], ["s"]),
+             helper.make_node("Add", ["s", "one"], ["t"]),
+             helper.make_node("ReduceSum", ["t"], ["r"], keepdims=0),
+             helper.make_node("Greater", ["r", "zero"], ["g"]),
+             helper.make_node("If", ["g"], ["i"], then_branch=branch, else_branch=other),
+             helper.make_node("AddC", ["i"], ["y"], domain="local")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])],
+        initializer=[numpy_helper.from_array(np.ones(8, np.float32), "w"),
+                     numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+    model = helper.make_model(graph, functions=[fn], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=False,
+                    size_threshold=0, convert_attribute=True)
+    loaded = onnx.load(str(path), load_external_data=False)
+    want = sorted({external_data_helper.ExternalDataInfo(t).location
+                   for t in external_data_helper._get_all_tensors(loaded)
+                   if external_data_helper.uses_external_data(t)})
+    assert want == sorted(["w", "zero", "one_t", "k_t", "m_t", "c_t"])
+    assert external_data(path) == want
+    assert "error" not in read_signature(path)
+    tiny_onnx(tmp_path / "inline.onnx")
+    assert external_data(tmp_path / "inline.onnx") == []
