@@ -341,3 +341,38 @@ def test_signed_records_over_http(tmp_path, nginx, reference, capsys):
     assert "not by the expected key" in line
     store.flush_stats()
     assert remote.read_stats(tmp_path / "ci" / "artifacts")["counts"]["rejected"] == 1
+
+
+# --- the real pipeline, through doit -------------------------------------------------------------
+
+def test_a_fresh_clone_builds_from_the_remote_without_running_a_tool_and_can_revalidate(tmp_path, nginx):
+    """A trusted runner builds a tiny model for host and pushes; a fresh folder pointed at the
+    same nginx restores every step (no tool log is written) and gets the same bytes;
+    revalidate=1 then runs the validate steps here, and only those, with the same results."""
+    from conftest import Workspace, add_tiny_model, ran
+
+    def tree(ws):
+        return {p.relative_to(ws.artifacts).as_posix(): p.read_bytes() for p in ws.artifacts.rglob("*")
+                if p.is_file() and p.relative_to(ws.artifacts).parts[0] not in
+                {".doit.db", ".cache", "logs", ".tmp", ".lock", ".store"}}
+
+    ci, fresh = Workspace(tmp_path / "ci"), Workspace(tmp_path / "fresh")
+    for ws in (ci, fresh):
+        add_tiny_model(ws.models, "alpha", seed=3)
+    pushed = ci.build("target=host", f"cache={nginx.url}", "cache_push=1")
+    assert "validate:host/alpha/cpu-x86_64" in ran(pushed)
+
+    pulled = fresh.build("target=host", f"cache={nginx.url}")
+    assert not (fresh.artifacts / "logs").exists() or not list((fresh.artifacts / "logs").rglob("*.log"))
+    assert tree(fresh) == tree(ci)
+    counts = remote.read_stats(fresh.artifacts)["counts"]
+    assert counts["remote_hits"] == counts["lookups"] == len(ran(pulled)) and counts["stored"] == 0
+    status = fresh.doit("cache", "status", f"cache={nginx.url}")
+    assert status.returncode == 0 and "pull-only" in status.stdout, status.stdout + status.stderr
+
+    again = fresh.build("target=host", f"cache={nginx.url}", "revalidate=1")
+    assert [t for t in ran(again) if not t.startswith(("validate:", "manifest:", "choose:"))] == []
+    assert {"validate:host/alpha/cpu-x86_64", "validate:host/alpha/cpu-x86_64-tvm"} <= set(ran(again))
+    logs = sorted(p.parent.name for p in (fresh.artifacts / "logs").rglob("*.log"))
+    assert logs and set(logs) == {"validate"}, logs
+    assert tree(fresh) == tree(ci)
