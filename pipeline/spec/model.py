@@ -36,8 +36,8 @@ from ..core.store import atomic_write_text, canonical_json, sha256_file
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 NonEmpty = Annotated[str, Field(pattern=r"\S"), Says("required, a non-empty string")]
 DEFAULT_OPSET = 17
-SIGNATURE_VERSION = 1
-EXTERNAL_VERSION = 1
+SIGNATURE_VERSION = 2
+EXTERNAL_VERSION = 2
 
 # ----------------------------------------------------------------------------- model specs
 @dataclass(frozen=True)
@@ -362,17 +362,24 @@ def _external_data(source: Path, folder: Path, where: str, problems: list,
     return tuple(sorted(set(locations))) if ok else None
 
 
-def _external_locations(source: Path, memo_dir: Path | None) -> list[str]:
-    """onnx_signature.external_data, memoised by the file's sha256 (it walks every node)."""
-    memo = memo_dir / "external" / f"{sha256_file(source)}.json" if memo_dir else None
+def _memoised(memo_dir: Path | None, kind: str, sha256: str, version: int, compute):
+    """compute(), kept in memo_dir/kind/<sha256>.json for the file of that sha256 (reading an
+    ONNX file walks every node)."""
+    memo = memo_dir / kind / f"{sha256}.json" if memo_dir else None
     if memo and memo.is_file():
         cached = json.loads(memo.read_text())
-        if cached.get("version") == EXTERNAL_VERSION:
-            return cached["locations"]
-    locations = read_external_data(source)
+        if cached.get("version") == version:
+            return cached["value"]
+    value = compute()
     if memo:
-        atomic_write_text(memo, canonical_json({"version": EXTERNAL_VERSION, "locations": locations}))
-    return locations
+        atomic_write_text(memo, canonical_json({"version": version, "value": value}))
+    return value
+
+
+def _external_locations(source: Path, memo_dir: Path | None) -> list[str]:
+    """onnx_signature.external_data, memoised by the file's sha256."""
+    return _memoised(memo_dir, "external", sha256_file(source), EXTERNAL_VERSION,
+                     lambda: read_external_data(source))
 
 
 def _release(doc: ReleaseDoc | None, signature: dict, where: str, problems: list) -> dict:
@@ -442,15 +449,7 @@ def _check_against_model(signature: dict, declared: list[str], inputs: list[Inpu
 
 def model_signature(source: Path, sha256: str, memo_dir: Path | None) -> dict:
     """Inputs, outputs and opset of an ONNX file, memoised by its sha256 (importing onnx is slow)."""
-    memo = memo_dir / "signatures" / f"{sha256}.json" if memo_dir else None
-    if memo and memo.is_file():
-        cached = json.loads(memo.read_text())
-        if cached.get("version") == SIGNATURE_VERSION:
-            return cached["signature"]
-    signature = read_signature(source)
-    if memo:
-        atomic_write_text(memo, canonical_json({"version": SIGNATURE_VERSION, "signature": signature}))
-    return signature
+    return _memoised(memo_dir, "signatures", sha256, SIGNATURE_VERSION, lambda: read_signature(source))
 
 
 def read_signature(source: Path) -> dict:
