@@ -12,6 +12,7 @@
       logs/<stage>/<step>.log          the tools' own output, kept for diagnosis
       reports/accuracy/<model>.<variant>/  the report of a failed accuracy gate (the step's own
                                        outputs are removed on failure; see accuracy.py)
+      reports/bisect/<target>/<model>/<abi>/  `doit bisect`: the first wrong node and its repro
       .store/                          content-addressed step outputs (see store.py)
       .tmp/<pid>/<stage>/<step>/       scratch of a running step, per process (see lock.py)
       .lock                            the workspace lock a build holds (see lock.py)
@@ -76,6 +77,10 @@ class Layout:
 
     def accuracy_report(self, variant: str) -> Path:
         return self.root / "reports" / "accuracy" / variant
+
+    def bisect_report(self, target: str, model: str, abi: str) -> Path:
+        """`doit bisect`: the first wrong node of a build, its standalone repro, the probes."""
+        return self.root / "reports" / "bisect" / target / model / abi
 
     def log(self, stage: str, step: str) -> Path:
         return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"

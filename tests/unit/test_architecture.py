@@ -16,7 +16,7 @@ PIPELINE = REPO / "pipeline"
 
 # Top to bottom: a package may import its own modules and those of any package below it.
 LAYERS = [
-    ("bench", "release"),   # commands beside the build: they read what the graph built
+    ("bench", "release", "diagnose"),  # commands beside the build: they read what the graph built
     ("graph",),             # the project and the one table of stages
     ("stages",),            # one module per doit stage
     ("run",),               # runners: IREE, TVM, onnxruntime, qemu, Vulkan, timing; the app-side runtime
