@@ -16,7 +16,8 @@
       .store/                          content-addressed step outputs (see store.py)
       .tmp/<pid>/<stage>/<step>/       scratch of a running step, per process (see lock.py)
       .lock                            the workspace lock a build holds (see lock.py)
-      .cache/                          hash memo, model signatures (safe to delete)
+      .cache/                          hash memo, model signatures, Mesa's shader cache
+                                       (mesa-shaders/: lavapipe's compiled kernels; safe to delete)
       .doit.db                         doit's own state (safe to delete)
 """
 from __future__ import annotations
@@ -92,6 +93,11 @@ class Layout:
     @property
     def cache(self) -> Path:
         return self.root / ".cache"
+
+    @property
+    def shader_cache(self) -> Path:
+        """Mesa's on-disk shader cache for Vulkan validation on lavapipe (keep it in CI)."""
+        return self.cache / "mesa-shaders"
 
     @property
     def doit_db(self) -> Path:

@@ -7,6 +7,7 @@ the error carries the exit code, the tail of the output and that log's path.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.metadata
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -104,14 +106,16 @@ class ToolRun:
 def run_tool(argv: list, *, log: Path | None, what: str, stage: str | None = None,
              model: str | None = None, target: str | None = None, hint: str | None = None,
              cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
-             check: bool = True, on_line: Callable[[str], None] | None = None) -> ToolRun:
+             check: bool = True, on_line: Callable[[str], None] | None = None,
+             progress: str | None = None) -> ToolRun:
     """Run `argv` to completion: the one way the pipeline starts a tool.
 
     The command line, then the output as it comes, then the exit code are appended to `log`
     (None: a probe outside any step, nothing is written). `on_line` is called with each output
     line as it comes (streaming, e.g. tuning's progress). Past `timeout` seconds the tool and
     its children are killed. With `check`, a failure raises PipelineError with the exit code,
-    the tail of the output and the log.
+    the tail of the output and the log. `progress` names the run in a line on stderr each
+    PROGRESS_EVERY seconds while it lasts longer than that (lavapipe runs, long compiles).
     """
     argv = [str(a) for a in argv]
     where = dict(stage=stage, model=model, target=target)
@@ -123,7 +127,8 @@ def run_tool(argv: list, *, log: Path | None, what: str, stage: str | None = Non
         out.write(f"$ {shlex.join(argv)}\n")
         out.flush()
         try:
-            rc, output, timed_out = _stream(argv, out, cwd, env, timeout, on_line)
+            with _heartbeat(progress, what):
+                rc, output, timed_out = _stream(argv, out, cwd, env, timeout, on_line)
         except OSError as exc:  # exists, but cannot be executed
             raise PipelineError(f"{what}: cannot start {argv[0]!r}: {exc}", hint=SETUP_HINT,
                                 **where) from None
@@ -136,6 +141,29 @@ def run_tool(argv: list, *, log: Path | None, what: str, stage: str | None = Non
         raise PipelineError(f"{what} failed ({describe_exit(rc)}):\n{tail(output)}", hint=hint,
                             log=str(log) if log is not None else None, **where)
     return run
+
+
+PROGRESS_EVERY = 30.0  # seconds
+
+
+@contextlib.contextmanager
+def _heartbeat(name: str | None, what: str):
+    """While the body runs: every PROGRESS_EVERY seconds, one line on stderr saying it still is."""
+    if not name:
+        yield
+        return
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(PROGRESS_EVERY):
+            print(f"modelyard: {name}: {what}, still running after "
+                  f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _stream(argv: list[str], out, cwd, env, timeout, on_line) -> tuple[int, str, bool]:

@@ -142,9 +142,10 @@ class Bisection:
         actual_path = folder / "actual_0.npy"
         where = {k: v for k, v in self.where.items() if k != "stage"}
         argv, executed, env = validate.runner_argv(self.check.cfg, vmfb, feeds, [actual_path],
-                                                   {**where, "stage": STAGE})
+                                                   {**where, "stage": STAGE},
+                                                   shader_cache=self.project.layout.shader_cache)
         run = run_tool(argv, log=layout.log(STAGE, name), what=f"running {name}", env=env,
-                       check=False, timeout=3600, **self.where)
+                       check=False, timeout=3600, progress=f"bisect {name}", **self.where)
         if run.returncode != 0:
             lines = run.output.strip().splitlines()
             result = Probe(name, node, True, "run failed", error=lines[-1] if lines else None)

@@ -85,11 +85,13 @@ class TvmConfig(StageConfig):
         yield from tolerance_problems("tolerance", self.tolerance)
 
 
-def runner_argv(config: Config, vmfb, inputs: list, outputs: list, where: dict) -> tuple[list, dict, dict | None]:
-    """The command that runs `vmfb`, a description of where and how it ran, and its environment."""
+def runner_argv(config: Config, vmfb, inputs: list, outputs: list, where: dict,
+                shader_cache: Path | None = None) -> tuple[list, dict, dict | None]:
+    """The command that runs `vmfb`, a description of where and how it ran, and its environment
+    (shader_cache: where a Vulkan driver keeps the kernels it compiled, see vulkan.driver_env)."""
     run = config.run
     if run["via"] in ("vulkan", "twin"):
-        env = vulkan.driver_env(run["driver"])
+        env = vulkan.driver_env(run["driver"], shader_cache=shader_cache)
         devices, why = vulkan.query_devices(env)
         if not devices:
             raise PipelineError(f"cannot run Vulkan artifacts here: {why}", hint=SETUP_HINT, **where)
@@ -132,9 +134,10 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    argv, executed, env = runner_argv(ctx.cfg, executable, inputs, outputs, where)
+    argv, executed, env = runner_argv(ctx.cfg, executable, inputs, outputs, where,
+                                      shader_cache=ctx.step.layout.shader_cache)
     run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
-             hint=run_hint, timeout=3600, **where)
+             hint=run_hint, timeout=3600, progress=f"{ctx.step.stage}:{ctx.step.name}", **where)
     actual = [np.load(p, allow_pickle=False) for p in outputs]
     for p in outputs:
         p.unlink()
@@ -189,8 +192,9 @@ def run(ctx) -> None:
 
 # ----------------------------------------------------------------------------- TVM artifacts
 def tvm_runner_argv(config: TvmConfig, so: Path, inputs: list, outputs: list,
-                    where: dict) -> tuple[list, dict, dict]:
-    """The command that runs `so`, where and how it ran, and its environment."""
+                    where: dict, shader_cache: Path | None = None) -> tuple[list, dict, dict]:
+    """The command that runs `so`, where and how it ran, and its environment (TVM artifacts
+    run on the CPU: shader_cache is not used)."""
     args = [str(TVM_RUNNER), "--module", str(so), "--entry", config.entry,
             *[a for p in inputs for a in ("--input", str(p))],
             *[a for p in outputs for a in ("--output", str(p))]]
