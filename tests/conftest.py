@@ -17,6 +17,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# Every test workspace's Vulkan validations share one Mesa shader cache (lavapipe compiles each
+# kernel once per run of the suite instead of once per workspace; see Layout.shader_cache).
+os.environ.setdefault("MODELYARD_SHADER_CACHE", str(Path(os.environ.get("TMPDIR", "/tmp"))
+                                                    / f"modelyard-tests-shader-cache-{os.getuid()}"))
 
 
 # The RK3588's TVM CPU ABI as a target YAML declares it (the tests' own small registries)

@@ -96,8 +96,11 @@ class Layout:
 
     @property
     def shader_cache(self) -> Path:
-        """Mesa's on-disk shader cache for Vulkan validation on lavapipe (keep it in CI)."""
-        return self.cache / "mesa-shaders"
+        """Mesa's on-disk shader cache for Vulkan validation on lavapipe (keep it in CI), or the
+        folder $MODELYARD_SHADER_CACHE names (one cache for several workspaces: Mesa keys each
+        entry by shader and driver build, so sharing it is safe)."""
+        shared = os.environ.get("MODELYARD_SHADER_CACHE")
+        return Path(shared) if shared else self.cache / "mesa-shaders"
 
     @property
     def doit_db(self) -> Path:
