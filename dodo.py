@@ -11,6 +11,9 @@
                                     in pyproject.toml); integrity_only=1: without one, integrity only
     doit keygen key=PATH            a new Ed25519 signing key pair (PATH and PATH.pub)
     doit cache status|push|gc|verify  the build cache: hit rates, upload, prune, check
+    doit bisect model=NAME target=T abi=A   the first node a build gets wrong, and a repro
+    doit new source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [license=PATH]
+                                    a new models/NAME/ (source copied, model.yaml written, checked)
 Variables: target=NAME (default: every known target), models=DIR (default models/),
 artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/),
 wait=0 (fail at once, instead of waiting, when another build holds the artifacts folder),
@@ -26,12 +29,13 @@ from doit import create_after, get_var
 
 from pipeline.bench import measure as bench
 from pipeline.core import lock, store
+from pipeline.diagnose import bisect
 from pipeline.core.errors import PipelineError
 from pipeline.core.settings import flag, setting
 from pipeline.core.steps import doit_call, doit_task, rerun_stages
 from pipeline.graph import STAGES, load_project
 from pipeline.release import cache, release, signing, verify
-from pipeline.stages import accuracy, tvm_tune
+from pipeline.stages import accuracy, coverage, tvm_tune
 
 try:
     PROJECT = load_project(models=get_var("models", "models"),
@@ -85,8 +89,27 @@ def _stage_task(stage):
         yield from _tasks(stage.name)
         if stage.name == "accuracy":
             yield _accuracy_report()
+        if stage.name == "coverage" and _asked_for_coverage():
+            yield _coverage_report()
     creator.__doc__ = stage.doc
     return creator
+
+
+def _asked_for_coverage() -> bool:
+    """`doit coverage` (or coverage:report, or a command that lists tasks): not `doit build`,
+    which runs the whole coverage task before making the steps after it."""
+    words = [a for a in sys.argv[1:] if not a.startswith("-") and "=" not in a]
+    return any(w.split(":")[0] in ("coverage", "list", "info", "help") for w in words)
+
+
+def _coverage_report() -> dict:
+    return {"name": "report", "doc": "print per model which stage or compiler stopped it and why, "
+                                     "the rewrites applied and the ABIs that shipped",
+            # a teardown runs once every other task of the command has: the table then shows
+            # what this run's coverage steps (and the last build) left on disk
+            "actions": [], "teardown": [(doit_call, [coverage.doit_report, PROJECT,
+                                                     [s.name for s in STAGES], get_var("target", None)])],
+            "uptodate": [False], "verbosity": 2}
 
 
 def _accuracy_report() -> dict:
@@ -186,6 +209,25 @@ def task_tune():
                                      get_var("pin", "0") in ("1", "true", "yes")])],
             "task_dep": [f"static:{m.name}" for m in PROJECT.models]
                         + [f"coverage:{target}/{m.name}" for m in PROJECT.models] if target else [],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_new():
+    """write models/NAME/ from source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [license=PATH]"""
+    from pipeline.graph.scaffold import new_model
+    shapes = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("shape=")]  # several allowed
+    return {"actions": [(doit_call, [new_model, get_var("source", None), get_var("name", None),
+                                     shapes, get_var("license", None), get_var("models", "models"),
+                                     PROJECT.layout.cache])],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_bisect():
+    """the first node an ABI's build gets wrong, and a standalone repro: model=NAME target=T abi=A"""
+    model = get_var("model", None)
+    return {"actions": [(doit_call, [bisect.command, PROJECT, model, get_var("target", None),
+                                     get_var("abi", None)])],
+            "task_dep": [f"static:{model}", f"golden:{model}"] if model else [],
             "uptodate": [False], "verbosity": 2}
 
 

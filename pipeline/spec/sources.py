@@ -16,8 +16,12 @@ face_landmark (max abs 1.4e-4) but cannot leave TVM for the ONNX stages and fail
 (EXPAND_DIMS). Khronos nnef-tools reads TFLite and writes ONNX through NNEF, keeping the model's
 own NHWC interface (it inserts Transposes inside; with --keep-io-names the tensor names stay, and
 names NNEF cannot spell, such as `input_2:0`, are given back after conversion), once a few gaps are
-fixed (`nnef_fixes.py`: PRELU, SELECT_V2, NNEF stack, shape ops computed at run time). The converted model is then checked like any
-other: the static stage compares it with the TFLite interpreter's golden outputs.
+fixed (`nnef_fixes.py`: PRELU, SELECT_V2, NNEF stack, shape ops computed at run time, RELU6,
+HARD_SWISH, DEPTH_TO_SPACE...). Before conversion the TFLite graph itself is rewritten where
+nnef-tools cannot follow (pipeline/stages/tflite_rewrite.py: sparse weights densified, fused
+activations unfused, MediaPipe's Convolution2DTransposeBias as TRANSPOSE_CONV + ADD), each
+rewrite checked in LiteRT. The converted model is then checked like any other: the static stage
+compares it with the TFLite interpreter's golden outputs.
 
 An ONNX source's external-data files (tensors stored beside the .onnx, `location` in
 TensorProto.external_data) are part of it: its import step reads and hashes them, and its sha256

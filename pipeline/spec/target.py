@@ -41,15 +41,21 @@ class AbiSpec:
     cpu_features: tuple[str, ...] = ()
     vulkan_target: str | None = None
     vulkan_features: str | None = None
+    fallbacks: tuple[dict, ...] = ()  # {drop, add, why}: flag sets tried in order when a build fails
+    workarounds: tuple[dict, ...] = ()  # {name, flags, rewrites, why}: compiler bugs worked around
 
     def compile_config(self) -> dict:
+        extra = {"fallbacks": [dict(f) for f in self.fallbacks]} if self.fallbacks else {}
+        if self.workarounds:
+            extra["workarounds"] = [{**w, "flags": list(w["flags"]), "rewrites": list(w["rewrites"])}
+                                    for w in self.workarounds]
         if self.backend == "vulkan-spirv":
             return {"compiler": self.compiler, "backend": self.backend,
                     "vulkan_target": self.vulkan_target, "vulkan_features": self.vulkan_features,
-                    "flags": list(self.flags)}
+                    "flags": list(self.flags), **extra}
         return {"compiler": self.compiler, "backend": self.backend, "arch": self.arch,
                 "triple": self.triple, "cpu": self.cpu, "cpu_features": list(self.cpu_features),
-                "flags": list(self.flags)}
+                "flags": list(self.flags), **extra}
 
     def twin_config(self) -> dict:
         """The compile config of the runnable twin: same flags, the twin's Vulkan target."""
@@ -96,6 +102,34 @@ class VulkanRunDoc(Doc):
     """twin only: the IREE Vulkan target of the runnable twin, e.g. llvmpipe"""
 
 
+class FallbackDoc(Doc):
+    """Flags to retry an IREE build with when it fails with the ABI's own flags."""
+    drop: list[str] = []
+    """flags of the ABI's `flags` left out of this attempt"""
+    add: list[str] = []
+    """flags added for this attempt"""
+    why: Annotated[str, Field(min_length=1)]
+    """the known failure this works around, and what the artifact loses (recorded in compile.json)"""
+
+
+# Graph rewrites an ABI may declare as workarounds (pipeline/stages/abi_rewrites.py: REWRITES)
+ABI_REWRITES = ("depthwise_conv_as_dense", "depthwise_conv_as_slices")
+
+
+class WorkaroundDoc(Doc):
+    """A compiler bug worked around for this ABI: flags added to every build of it, and/or graph
+    rewrites applied to the static model before it is compiled. Each is recorded in compile.json
+    and the manifest; tests/e2e/test_workarounds.py shows the bug still reproduces without it."""
+    name: Annotated[str, Field(min_length=1)]
+    """a short name, e.g. pad-fusion"""
+    flags: list[str] = []
+    """iree-compile flags added to every build of the ABI (and its twin)"""
+    rewrites: list[Literal[ABI_REWRITES]] = []
+    """graph rewrites applied to the static model first"""
+    why: Annotated[str, Field(min_length=1)]
+    """the bug: what goes wrong without it, and where it was found"""
+
+
 class CpuAbiDoc(Doc):
     """An ABI built by IREE for a CPU."""
     compiler: Literal["iree"]
@@ -108,6 +142,10 @@ class CpuAbiDoc(Doc):
     cpu_features: list[str] = []
     flags: list[str] = []
     """more iree-compile flags"""
+    fallbacks: list[FallbackDoc] = []
+    """tried in order, each on its own, when iree-compile fails with `flags`"""
+    workarounds: list[WorkaroundDoc] = []
+    """compiler bugs worked around for this ABI (flags, graph rewrites)"""
     run: CpuRunDoc
 
 
@@ -121,6 +159,10 @@ class VulkanAbiDoc(Doc):
     """replaces the target's SPIR-V version and capabilities, e.g. spirv:v1.3,cap:Shader"""
     flags: list[str] = []
     """more iree-compile flags"""
+    fallbacks: list[FallbackDoc] = []
+    """tried in order, each on its own, when iree-compile fails with `flags`"""
+    workarounds: list[WorkaroundDoc] = []
+    """compiler bugs worked around for this ABI (flags, graph rewrites)"""
     run: VulkanRunDoc
 
 
@@ -185,18 +227,38 @@ def _abi(name: str, doc, where: str, problems: list):
     if doc is None or doc.run is None:
         return None
     run = doc.run
+    fallbacks = _fallbacks(doc, where, problems)
+    workarounds = tuple({"name": w.name, "flags": tuple(w.flags), "rewrites": tuple(w.rewrites),
+                         "why": w.why} for w in (doc.workarounds or ()))
+    for k, w in enumerate(workarounds):
+        if not (w["flags"] or w["rewrites"]):
+            problems.append(f"{where}.workarounds[{k}]: give flags or rewrites (what works around {w['name']!r})")
     if isinstance(doc, CpuAbiDoc):
         if not check_via(doc.arch, run.via, where, problems) or doc.cpu is None:
             return None
         return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
                        arch=doc.arch, triple=doc.triple or _ARCHES[doc.arch], cpu=doc.cpu,
-                       cpu_features=tuple(doc.cpu_features or ()),
-                       run={"via": run.via, "device": run.device,
+                       cpu_features=tuple(doc.cpu_features or ()), fallbacks=fallbacks,
+                       workarounds=workarounds, run={"via": run.via, "device": run.device,
                             **({"qemu_cpu": run.qemu_cpu or "max"} if run.via == "qemu" else {})})
     if run.via == "twin" and run.twin is None:
         problems.append(f"{where}.run.twin: name the Vulkan target of the runnable twin (e.g. llvmpipe)")
         return None
     return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
                    vulkan_target=doc.vulkan_target, vulkan_features=doc.vulkan_features,
+                   fallbacks=fallbacks, workarounds=workarounds,
                    run={"via": run.via, "driver": run.driver,
                         **({"twin": run.twin} if run.via == "twin" else {})})
+
+
+def _fallbacks(doc, where: str, problems: list) -> tuple[dict, ...]:
+    """The ABI's declared fallbacks as {drop, add, why}; each gives drop or add. A fallback that
+    leaves the flags as they are (it drops a flag the ABI no longer has) is kept but never tried
+    (iree_compiler.attempts): editing `flags` does not force editing the fallbacks."""
+    out = []
+    for k, f in enumerate(doc.fallbacks or ()):
+        drop, add = list(f.drop or ()), list(f.add or ())
+        if not drop and not add:
+            problems.append(f"{where}.fallbacks[{k}]: give drop or add (flags to leave out or add)")
+        out.append({"drop": drop, "add": add, "why": f.why})
+    return tuple(out)

@@ -6,10 +6,13 @@ what it touched. The compile stage records which ran (compile.json, then the man
 validation checks the result like any artifact; tests/e2e/test_workarounds.py shows, per
 workaround, that the bug is still there without it (when it is not, the workaround can go).
 
-    depthwise_conv_as_slices   a depthwise Conv (group == channels, one filter per channel) as
-                               Pad + one strided Slice times a per-channel weight per kernel tap
-                               + Sum (+ bias): IREE 3.13's SPIR-V code for
-                               vp_android_baseline_2022 computes depthwise 3x3 convolutions wrong
+    depthwise_conv_as_dense    a depthwise Conv as a dense Conv with block-diagonal weights (C
+                               times the arithmetic): IREE 3.13's SPIR-V code for
+                               vp_android_baseline_2022 computes depthwise convolutions wrong
+                               (3x3 and 5x5, strides [2,1] and [1,1]); its dense convs are right
+    depthwise_conv_as_slices   a depthwise Conv as zero borders (Concat) + one strided Slice times
+                               a per-channel weight per kernel tap + Sum (+ bias): right for the
+                               3x3 ones on that target, not for a 5x5 stride [2,1] one
 """
 from __future__ import annotations
 
@@ -111,7 +114,40 @@ def depthwise_conv_as_slices(model) -> list[str]:
     return done
 
 
-REWRITES = {"depthwise_conv_as_slices": depthwise_conv_as_slices}
+def depthwise_conv_as_dense(model) -> list[str]:
+    """Rewrite every depthwise 2-D Conv (group == channels, one filter per channel) as a dense
+    Conv (group 1) whose weights are zero off the diagonal: the same numbers, channels times the
+    arithmetic. Returns the names of those rewritten."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    uses = {}
+    for n in model.graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    done = []
+    for k, node in enumerate(model.graph.node):
+        w = inits.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if w is None or uses.get(node.input[1], 0) != 1:
+            continue
+        weight = numpy_helper.to_array(w)
+        group = _attr(node, "group", 1)
+        if weight.ndim != 4 or weight.shape[1] != 1 or group != weight.shape[0] or group == 1:
+            continue
+        c = weight.shape[0]
+        dense = np.zeros((c, c) + weight.shape[2:], weight.dtype)
+        dense[np.arange(c), np.arange(c)] = weight[:, 0]
+        w.CopyFrom(numpy_helper.from_array(dense, w.name))
+        for a in node.attribute:
+            if a.name == "group":
+                a.i = 1
+        done.append(node.name or f"node {k}")
+    return done
+
+
+REWRITES = {"depthwise_conv_as_slices": depthwise_conv_as_slices,
+            "depthwise_conv_as_dense": depthwise_conv_as_dense}
 
 
 def apply(source: Path, names: list[str], dest: Path) -> list[dict]:

@@ -2,9 +2,9 @@
 
 The step (per target and model, after `static`) does two things:
 
-1. **Prediction**: the source
-   model, its inputs bound to the spec's shapes, shape-inferred (subgraphs included), is checked
-   against
+1. **Prediction**: the static
+   model (what the compilers get: every dim bound, the static stage's rewrites applied, e.g. an
+   unrolled LSTM), shape-inferred (subgraphs included), is checked against
      * IREE: `IREE_RULES`, a table of what IREE's ONNX path fails on. Each rule was reproduced
        with a tiny model on IREE 3.13 (tests/e2e/test_coverage.py runs the real compiler on every
        rule, and on the claims that did *not* reproduce, so that a new IREE shows up there);
@@ -221,7 +221,9 @@ def run(ctx) -> None:
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     if cfg.format != "onnx":
         return _run_unpredicted(ctx, cfg)
-    prediction = predict(ctx.input("source"), cfg.shapes)
+    # on the static model: what the compilers get, after the static stage's rewrites (an LSTM
+    # it unrolled is no longer an LSTM a compiler lacks)
+    prediction = predict(ctx.input("model"), cfg.shapes)
     report = {"ops": prediction["ops"], "compilers": {}}
     for compiler, abis in sorted(cfg.compilers.items()):
         problems = prediction[compiler]
@@ -277,9 +279,9 @@ def _run_unpredicted(ctx, cfg: Config) -> None:
 def _basis(compiler: str) -> str:
     if compiler == "iree":
         return (f"the IREE rules in {TABLE} (each reproduced on IREE 3.13.0 by tests/"
-                f"e2e/test_coverage.py), on the source model with the spec's shapes")
+                f"e2e/test_coverage.py), on the static model (after its rewrites)")
     return (f"the converter map of the installed TVM ONNX frontend (apache-tvm "
-            f"{distribution_version('apache-tvm')}), on the source model")
+            f"{distribution_version('apache-tvm')}), on the static model (after its rewrites)")
 
 
 def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:
@@ -329,13 +331,11 @@ def steps(project) -> list:
 
 
 def coverage_step(project, model, target) -> Step:
-    """Predicted from the source with the spec's shapes bound (an ONNX source), or from the
-    static model (TFLite/NNEF sources: ONNX only after import); confirmed where it skips."""
+    """Predicted from the static model (what the compilers get, after the static stage's
+    rewrites); confirmed where it skips."""
     layout = project.layout
     cpu = [a for a in target.abis if a.backend == "llvm-cpu"] or list(target.abis)
     inputs = {"model": static_model(layout, model)}
-    if model.source_format == "onnx":
-        inputs["source"] = model.source
     return Step(stage="coverage", name=f"{target.name}/{model.name}", version=VERSION,
                 config=Config(format=model.source_format,
                               shapes={i.name: list(i.shape) for i in model.inputs},
@@ -348,6 +348,186 @@ def coverage_step(project, model, target) -> Step:
                 layout=layout, doc="which ops each compiler of the target cannot take",
                 where=where(model, target))
 
+
+
+# ----------------------------------------------------------------------------- the table
+# Per target and model: which stage or compiler stopped it and why, the rewrites applied, the
+# ABIs that shipped (and with which fallback flags). In the manifest (`coverage`, every model
+# shipped: a manifest is written only when every step succeeded) and `doit coverage target=T`
+# (read from what the last build left on disk, failures included).
+SHIPPED, STOPPED, NOT_BUILT = "shipped", "stopped", "not built"  # not built: or out of date
+
+
+def compilers_text(report: dict | None) -> dict:
+    """compiler -> "ok" or "skipped: <ops and why>" from a coverage.json."""
+    return {c: "ok" if e["status"] == "ok" else f"skipped: {ops_text(e['unsupported'])}"
+            for c, e in sorted(((report or {}).get("compilers") or {}).items())}
+
+
+def rewrites_of(*reports: tuple[str, dict | None]) -> list[dict]:
+    """The rewrites recorded by import.json / static.json (`rewrites`), each with its stage."""
+    out = []
+    for stage, report in reports:
+        for r in (report or {}).get("rewrites") or ():
+            out.append({"stage": stage, **(r if isinstance(r, dict) else {"rule": str(r)})})
+    return out
+
+
+def row(shipped: list, compilers: dict, rewrites: list, fallbacks: dict,
+        stopped: dict | None = None, choice: dict | None = None, built: bool = True) -> dict:
+    status = (STOPPED if stopped else SHIPPED if shipped else NOT_BUILT if not built
+              else "nothing to ship")  # e.g. every ABI left out by the spec's skip:
+    out = {"status": status, "shipped": list(shipped), "stopped": stopped, "compilers": compilers,
+           "rewrites": rewrites, "fallbacks": fallbacks}
+    if choice:
+        out["choice"] = choice
+    return out
+
+
+def manifest_table(models: dict, compile_reports: dict, rewrites: dict) -> dict:
+    """The manifest's coverage table from its own model entries; compile_reports: model ->
+    ABI -> compile.json (IREE), for the fallbacks used; rewrites: model -> rewrites_of(...)."""
+    table = {}
+    for name, entry in models.items():
+        fallbacks = {abi: c["fallback"] for abi, c in sorted(compile_reports.get(name, {}).items())
+                     if c.get("fallback")}
+        choice = {slot: c["ships"] for slot, c in (entry.get("choice") or {}).items()}
+        table[name] = row(sorted(entry["artifacts"]), compilers_text({"compilers": entry.get("coverage") or {}}),
+                          rewrites.get(name, []), fallbacks, choice=choice)
+    return table
+
+
+def _read(path: Path) -> dict | None:
+    import json
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _state(step) -> str:
+    """done (outputs on disk under the current key), failed (its last run with the current key
+    failed: the log's first line names the key, no record does), todo, or waiting (an input is
+    missing: an earlier step did not make it)."""
+    from ..core.steps import read_record
+    from ..core.store import step_key
+    try:
+        key = step_key(step.key_parts())
+    except OSError:
+        return "waiting"
+    record = read_record(step)
+    if record and record.get("key") == key:
+        return "done"
+    try:
+        with open(step.log) as f:
+            first = f.readline()
+    except OSError:
+        return "todo"
+    return "failed" if first.strip().endswith(f"key={key}") else "todo"
+
+
+def _why(step) -> str:
+    """Why a failed step failed: it runs again (a failure is never cached), and says it."""
+    from ..core.errors import PipelineError
+    from ..core.steps import execute
+    try:
+        execute(step)
+    except PipelineError as err:
+        return err.render()
+    return "it succeeded when run again for this report (a flaky step?): build again"
+
+
+def disk_table(project, stage_names: list[str], target) -> dict:
+    """Per model (and precision variant) of the project: its row for `target`, from the steps'
+    states on disk. The first step (in stage order) whose last run failed stopped the model;
+    it is run again to say why."""
+    layout = project.layout
+    mine = [(stage, step) for stage in stage_names if stage != "manifest"
+            for step in project.steps(stage)]
+    names = [(m, m.name) for m in project.models] + [
+        (m, f"{m.name}.{v.name}") for m in project.models for v in m.variants]
+    table = {}
+    for model, name in names:
+        def ours(stage, step):
+            if step.where.get("model") not in (name, model.base if stage == "import" else name):
+                return False
+            t = step.where.get("target")
+            return t is None or t == target.name or t.startswith(f"{target.name}/")
+        steps = [(stage, step) for stage, step in mine if ours(stage, step)]
+        stopped, built, shipped, fallbacks = None, True, [], {}
+        for stage, step in steps:
+            state = _state(step)
+            if state == "failed" and stopped is None:
+                stopped = {"stage": stage, "step": f"{stage}:{step.name}", "why": _why(step)}
+            elif state == "todo" and stopped is None:
+                built = False
+            elif state == "done" and stage == "validate":
+                shipped.append(step.where["target"].split("/", 1)[1])
+            elif state == "done" and stage == "iree_compile" and not step.name.endswith("/twin"):
+                fb = (_read(step.out_dir / "compile.json") or {}).get("fallback")
+                if fb:
+                    fallbacks[step.where["target"].split("/", 1)[1]] = fb
+        report = _read(layout.target_model_stage(target.name, name, "coverage") / "coverage.json")
+        choice = _read(layout.target_model_stage(target.name, name, "choose") / "choice.json")
+        rewrites = rewrites_of(("import", _read(layout.model_stage(model.base, "import") / "import.json")),
+                               ("static", _read(layout.model_stage(name, "static") / "static.json")))
+        table[name] = row(sorted(set(shipped)), compilers_text(report), rewrites, fallbacks,
+                          stopped=stopped, built=built and bool(steps),
+                          choice={s: c["ships"] for s, c in ((choice or {}).get("slots") or {}).items()})
+    return table
+
+
+def render(target: str, table: dict) -> str:
+    """The table as text: one line per model, then why each stopped model stopped."""
+    rows = [("MODEL", "STATUS", "SHIPPED", "STOPPED BY", "REWRITES")]
+    for name, r in table.items():
+        shipped = ", ".join(f"{a} (fallback)" if a in r["fallbacks"] else a for a in r["shipped"])
+        stop = r["stopped"]
+        stopped = (f"{stop['stage']}" + (f" ({stop['step'].split('/')[-1]})" if stop["step"].count("/") >= 2 else "")
+                   if stop else "-")
+        names = {}
+        for rw in r["rewrites"]:
+            key = f"{rw['stage']}:{_rule(rw)}"
+            names[key] = names.get(key, 0) + 1
+        rewrites = ", ".join(k if n == 1 else f"{k} x{n}" for k, n in names.items()) or "-"
+        rows.append((name, r["status"], shipped or "-", stopped, rewrites))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"coverage of target {target}: {sum(r['status'] == SHIPPED for r in table.values())} "
+             f"of {len(table)} model(s) ship"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+    for name, r in table.items():
+        skipped = {c: t for c, t in r["compilers"].items() if t != "ok"}
+        if r["stopped"] or skipped or r["fallbacks"] or r["rewrites"] or r["status"] == NOT_BUILT:
+            lines.append(f"{name}:")
+        for rw in r["rewrites"]:
+            why = f": {rw['why']}" if rw.get("why") else ""
+            lines.append(f"  rewrite {rw['stage']}:{_rule(rw)}{why}"[:300])
+        for c, t in skipped.items():
+            lines.append(f"  {c.upper()} {t}")
+        for abi, fb in r["fallbacks"].items():
+            change = ", ".join([f"without {f}" for f in fb["drop"]] + [f"with {f}" for f in fb["add"]])
+            lines.append(f"  {abi} built with fallback flags ({change}): {fb['why']}; after {fb['after']}")
+        if r["stopped"]:
+            lines.append(f"  stopped by {r['stopped']['step']}:")
+            lines += ["    " + l for l in r["stopped"]["why"].splitlines()]
+        if r["status"] == NOT_BUILT:
+            lines.append(f"  not built yet, or out of date (a spec, input or stage changed since): "
+                         f"run `doit build target={target}`")
+    return "\n".join(lines)
+
+
+def _rule(rewrite: dict) -> str:
+    """A rewrite's name as import.json / static.json record it (`rule`)."""
+    return str(rewrite.get("rule") or rewrite.get("name") or "?")
+
+
+def doit_report(project, stage_names: list[str], only: str | None) -> str:
+    """`doit coverage [target=NAME]`: the coverage table of each loaded target, from disk."""
+    out = []
+    for target in project.targets:
+        if only in (None, target.name):
+            out.append(render(target.name, disk_table(project, stage_names, target)))
+    return "\n\n".join(out)
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,7 @@ class Config(StageConfig):
     format: str = "onnx"              # the source's format: onnx | tflite | nnef
     route: str | None = None          # a converted source: how it becomes ONNX (ROUTES)
     io: dict | None = None            # ... and its inputs/outputs, which the conversion must keep
-    custom_ops: tuple[str, ...] = ()  # ... and its TFLite custom ops (none can be converted)
+    custom_ops: tuple[str, ...] = ()  # ... and its TFLite custom ops (known ones are rewritten: tflite_rewrite.py)
     source_sha256: str | None = None  # the spec's pin: the bytes read must have it (import_step sets it)
 
     def problems(self):
@@ -73,7 +73,7 @@ def run(ctx) -> None:
     cfg = ctx.cfg
     fmt = cfg.format
     copy = read_source(ctx)
-    source = copy if fmt == "onnx" else _convert(ctx, cfg, copy)
+    source, rewrites = (copy, None) if fmt == "onnx" else _convert(ctx, cfg, copy)
     try:
         model = onnx.load(str(source))
     except Exception as exc:
@@ -106,6 +106,8 @@ def run(ctx) -> None:
               "ir_version": model.ir_version, "producer": model.producer_name,
               "graph_name": model.graph.name, "nodes": len(model.graph.node),
               "ops": dict(sorted(ops.items()))}
+    if rewrites is not None:  # a converted source: the checked rewrites of its graph (tflite_rewrite)
+        report["rewrites"] = rewrites
     ctx.output("import.json").write_text(pretty_json(report))
 
 
@@ -167,15 +169,13 @@ def _convert(ctx, cfg: Config, source: Path):
     from . import sources
     from ..spec.model import read_signature
     fmt = cfg.format
-    if cfg.custom_ops:
-        raise ctx.error(f"the TFLite model uses custom op(s) {', '.join(cfg.custom_ops)}: "
-                        f"neither the LiteRT builtin interpreter (golden) nor nnef-tools (the route "
-                        f"to ONNX) can run or convert them",
-                        hint="re-export the model with builtin TFLite ops only (or replace those ops)")
     converted = ctx.output("model.onnx")  # rewritten below once checked and opset-normalised
-    try:
-        sources.to_onnx(source, fmt, converted, log=ctx.log)
+    try:  # a TFLite source's custom ops: rewritten into builtins where a rule knows them (tflite_rewrite)
+        rewrites = sources.to_onnx(source, fmt, converted, log=ctx.log)
     except sources.ConversionError as exc:
+        if cfg.custom_ops and "custom op" in str(exc):
+            raise ctx.error(f"the TFLite model uses {exc}", hint="re-export the model with builtin TFLite "
+                            "ops only (or add a rewrite rule to pipeline/stages/tflite_rewrite.py)")
         raise ctx.error(f"{cfg.route} failed: {exc}", log=True,
                         hint="an op nnef-tools cannot convert needs a custom converter in "
                              "pipeline/stages/nnef_fixes.py, or a re-export of the model")
@@ -183,7 +183,7 @@ def _convert(ctx, cfg: Config, source: Path):
     if mismatch:
         raise ctx.error(f"the converted model's interface differs from the {fmt} source: "
                         f"{'; '.join(mismatch)}", hint="report it; the conversion route changed the model")
-    return converted
+    return converted, rewrites
 
 
 # ----------------------------------------------------------------------------- steps

@@ -4,6 +4,12 @@ The command line is a pure function of the ABI's config (`compile_argv`). Reprod
 the MLIR is always named model.mlir and source maps and debug symbols are stripped, so the
 same model and flags give byte-identical .vmfb files in any folder.
 When IREE cannot lower an op, the error lists the ONNX ops it could not legalize.
+
+Fallbacks: an ABI may declare `fallbacks:` (pipeline/targets/*.yaml), flag sets tried in order
+when iree-compile fails with its own flags (e.g. without --iree-opt-data-tiling). compile.json
+records every attempt (its flags, and the first `error:` line of those that failed) and, when
+one was used, the fallback and why. When every attempt fails, the error shows IREE's own
+diagnostics (`error:` and `note:` lines, the failing op), not the tail of an IR dump.
 """
 from __future__ import annotations
 
@@ -11,14 +17,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compilers.iree_compiler import (compile_argv, compile_flags, find_compiler, import_argv,
-                                       unsupported_ops)
+from ..compilers.iree_compiler import (attempts, compile_argv, compile_flags, diagnostics,
+                                       find_compiler, first_error, import_argv, unsupported_ops)
 from ..compilers.iree_targets import requirements
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
 from ..core.tools import describe_exit, run_tool, tail
 from ..spec.target import BACKENDS
 from ..spec.variants import PRECISIONS
+from .abi_rewrites import REWRITES
+from .abi_rewrites import apply as apply_rewrites
 from .plan import (ENTRY, abi_step_name, built, compiler_of, proxy_pairs, skipped, static_model,
                    variant_model, variant_skip_reason, where)
 
@@ -42,6 +50,8 @@ class Config(StageConfig):
     vulkan_target: str | None = None     # vulkan-spirv: IREE's Vulkan target name
     vulkan_features: str | None = None   # vulkan-spirv: replaces the target's SPIR-V features
     precision: str | None = None         # a precision variant's: int8 | fp16
+    fallbacks: tuple[dict, ...] = ()     # the ABI's declared fallbacks: {drop, add, why}, in order
+    workarounds: tuple[dict, ...] = ()   # the ABI's compiler-bug workarounds: {name, flags, rewrites, why}
 
     def problems(self):
         if self.compiler != "iree":
@@ -58,6 +68,14 @@ class Config(StageConfig):
             yield "entry must name the compiled entry point"
         if self.precision is not None and self.precision not in PRECISIONS:
             yield f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+        for f in self.fallbacks:
+            if not isinstance(f, dict) or set(f) != {"drop", "add", "why"}:
+                yield f"a fallback is {{drop, add, why}}, got {f!r}"
+        for w in self.workarounds:
+            if not isinstance(w, dict) or set(w) != {"name", "flags", "rewrites", "why"}:
+                yield f"a workaround is {{name, flags, rewrites, why}}, got {w!r}"
+            elif unknown := [r for r in w["rewrites"] if r not in REWRITES]:
+                yield f"workaround {w['name']!r}: unknown rewrite(s) {', '.join(unknown)}"
 
     def as_key(self) -> dict:
         """The ABI's compile config as the spec gives it, plus entry (and a variant's precision)."""
@@ -67,6 +85,10 @@ class Config(StageConfig):
                "entry": self.entry}
         if self.precision is not None:
             key["precision"] = self.precision
+        if self.fallbacks:
+            key["fallbacks"] = key_value(self.fallbacks)
+        if self.workarounds:
+            key["workarounds"] = key_value(self.workarounds)
         return key
 
 
@@ -74,28 +96,48 @@ def run(ctx) -> None:
     cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     mlir = ctx.scratch / "model.mlir"
-    run_tool(import_argv(ctx.input("model"), mlir), log=ctx.log, what="iree-import-onnx", **where)
+    source, applied = ctx.input("model"), []
+    rewrites = [r for w in cfg.workarounds for r in w["rewrites"]]
+    if rewrites:  # the ABI's graph workarounds, on a copy of the static model
+        source = ctx.scratch / "model.onnx"
+        applied = apply_rewrites(ctx.input("model"), rewrites, source)
+    run_tool(import_argv(source, mlir), log=ctx.log, what="iree-import-onnx", **where)
+    if applied:
+        source.unlink()
     vmfb = ctx.output("model.vmfb")
     # Run in the scratch folder on a relative "model.mlir": some SPIR-V targets (llvmpipe) keep
     # the source file name in the artifact, which must not depend on where the build happens.
-    argv = compile_argv(find_compiler(), cfg.as_key(), Path(mlir.name), vmfb)
-    result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch, **where)
-    if result.returncode != 0:
-        mlir.unlink(missing_ok=True)
-        ops = unsupported_ops(result.output)
-        if ops:
-            raise ctx.error(f"IREE ({cfg.backend}) cannot compile these ONNX ops: "
-                            f"{', '.join(ops)}", log=True,
-                            hint="replace those ops in the model (or export it differently), or "
-                                 "leave the model out of this target")
+    tried, used = [], None
+    for attempt in attempts(cfg.as_key()):
+        config = {**cfg.as_key(), "flags": attempt["flags"]}
+        argv = compile_argv(find_compiler(), config, Path(mlir.name), vmfb)
+        result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch,
+                          **where)
+        if result.returncode == 0:
+            used = attempt
+            tried.append({"flags": attempt["flags"], "status": "ok"})
+            break
+        tried.append({"flags": attempt["flags"], "status": "failed",
+                      "error": first_error(result.output.replace(f"{ctx.scratch}/", ""))})
+        vmfb.unlink(missing_ok=True)
         if "Unknown Vulkan target" in result.output:
+            mlir.unlink(missing_ok=True)
             raise ctx.error(f"IREE does not know the Vulkan target {cfg.vulkan_target!r}",
                             log=True, hint="fix vulkan_target in the target's YAML")
-        raise ctx.error(f"iree-compile failed ({describe_exit(result.returncode)}):\n"
-                        f"{tail(result.output)}", log=True,
-                        hint="read the log; the flags come from the target's ABI definition")
-    report = {"compiler": "iree", "flags": compile_flags(cfg.as_key()), "entry": cfg.entry,
+    if used is None:
+        mlir.unlink(missing_ok=True)
+        raise _failed(ctx, cfg, result, tried)
+    report = {"compiler": "iree", "flags": compile_flags(config), "entry": cfg.entry,
               "size": vmfb.stat().st_size}
+    if cfg.workarounds:  # what each did: its flags are in `flags`, its rewrites touched these nodes
+        report["workarounds"] = [{"name": w["name"], "why": w["why"], "flags": list(w["flags"]),
+                                  "rewrites": [a for a in applied if a["rewrite"] in w["rewrites"]]}
+                                 for w in cfg.workarounds]
+    if len(tried) > 1 or cfg.fallbacks:
+        report["attempts"] = tried
+        report["fallback"] = None if used["fallback"] is None else {
+            **used["fallback"], "after": f"{len(tried) - 1} failed attempt(s); the first: "
+                                         f"{tried[0]['error']}"}
     if cfg.backend == "vulkan-spirv":
         # The compiler's own target record, from a cheap second run that stops after creating
         # the executables. (Dumping sources during the real compile would embed their paths.)
@@ -116,6 +158,27 @@ def run(ctx) -> None:
                                 "Vulkan targets with 16-bit storage only (valhall*, llvmpipe, ...)")
     mlir.unlink(missing_ok=True)
     ctx.output("compile.json").write_text(pretty_json(report))
+
+
+def _failed(ctx, cfg: Config, result, tried: list):
+    """Every attempt failed: the ops IREE could not lower, or its own diagnostics of the last
+    attempt (error/note lines and the failing op), never the tail of an IR dump."""
+    ops = unsupported_ops(result.output)
+    if ops:
+        return ctx.error(f"IREE ({cfg.backend}) cannot compile these ONNX ops: "
+                         f"{', '.join(ops)}", log=True,
+                         hint="replace those ops in the model (or export it differently), or "
+                              "leave the model out of this target")
+    found = diagnostics(result.output.replace(f"{ctx.scratch}/", ""))
+    shown = "\n".join("    " + l for l in found) if found else tail(result.output)
+    tries = ""
+    if len(tried) > 1:
+        tries = "".join(f"\n  attempt {k + 1} ({' '.join(t['flags']) or 'no extra flags'}): "
+                        f"{t['error']}" for k, t in enumerate(tried))
+    return ctx.error(f"iree-compile failed ({describe_exit(result.returncode)}"
+                     f"{f', all {len(tried)} attempts' if len(tried) > 1 else ''}):\n{shown}{tries}",
+                     log=True, hint="read the log; the flags (and fallbacks) come from the "
+                                    "target's ABI definition")
 
 
 # ----------------------------------------------------------------------------- steps

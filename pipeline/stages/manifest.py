@@ -136,7 +136,8 @@ def run(ctx) -> None:
                 "entry": compile_report["entry"],
                 "abi": abi,
                 "compile": {"step_key": compile_step["key"], "flags": compile_report["flags"],
-                            "tools": compile_step["key_parts"]["tools"]},
+                            "tools": compile_step["key_parts"]["tools"],
+                            **{k: compile_report[k] for k in ("workarounds",) if k in compile_report}},
                 "requires": compile_report.get("requires", {}),
                 "validation": {"status": validation["status"], "executed": validation["executed"],
                                "shipped_bytes_executed": validation["shipped_bytes_executed"],
@@ -155,11 +156,15 @@ def run(ctx) -> None:
                                for e in golden["outputs"]]},
             "static_model": {"sha256": sha256_file(ctx.input(f"{name}:static.onnx")),
                              "ops": static["ops"]},
+            # the static stage's graph surgery (pipeline/stages/rewrites.py): rule, nodes, why
+            "static_rewrites": static.get("rewrites", []),
             "artifacts": artifacts,
             "skipped": model.skipped,  # ABI -> why this model is not built for it
             # shape variants (shapes.py): `shape_of`/`shape` on each, `shapes` on the model
             **{k: v for k, v in model.as_key().items() if k in ("shape_of", "shape", "shapes")},
         }
+        if f"{name}:import.json" in ctx.step.inputs:  # what the import stage rewrote (tflite_rewrite)
+            models[name]["rewrites"] = _json(ctx, f"{name}:import.json").get("rewrites", [])
         if model.variant_of:  # a precision variant (pipeline/spec/variants.py): IREE only
             _variant_fields(ctx, model, models[name])
             continue
@@ -180,7 +185,23 @@ def run(ctx) -> None:
                 "models": models}
     if cfg.target.ship:
         manifest["target"]["ship"] = list(cfg.target.ship)
+    manifest["coverage"] = _coverage_table(ctx, models)
     ctx.output("manifest.json").write_text(pretty_json(manifest))
+
+
+def _coverage_table(ctx, models: dict) -> dict:
+    """The target's coverage table (pipeline/stages/coverage.py, also `doit coverage`): per model,
+    the ABIs that shipped and the fallback flags an IREE build needed, the compilers coverage
+    skipped and why, the rewrites import and static applied."""
+    from .coverage import manifest_table, rewrites_of
+    compiled, rewrites = {}, {}
+    for name, entry in models.items():
+        compiled[name] = {abi: _json(ctx, f"{name}:{abi}:compile.json")
+                          for abi, art in entry["artifacts"].items() if art["format"] == "iree-vmfb"}
+        rewrites[name] = rewrites_of(*[(stage, _json(ctx, f"{name}:{stage}.json"))
+                                       for stage in ("import", "static")
+                                       if f"{name}:{stage}.json" in ctx.step.inputs])
+    return manifest_table(models, compiled, rewrites)
 
 
 def _validation(validation: dict, step: dict) -> dict:
@@ -263,6 +284,8 @@ def manifest_step(project, target) -> Step:
         inputs[f"{model.name}:static.json"] = layout.model_stage(model.name, "static") / "static.json"
         inputs[f"{model.name}:static.onnx"] = static_model(layout, model)
         inputs[f"{model.name}:golden.json"] = layout.model_stage(model.name, "golden") / "golden.json"
+        if model.source_format != "onnx":  # a converted source: the rewrites of its graph
+            inputs[f"{model.name}:import.json"] = layout.model_stage(model.base, "import") / "import.json"
         for abi in [a for a in target.abis if built(project, model, target, a)]:
             _artifact_inputs(inputs, f"{model.name}:{abi.name}",
                              layout.artifact_stage(target.name, model.name, abi.name, "iree_compile"),

@@ -30,6 +30,98 @@ CUSTOM_TRANSFORMS["stack"] = Transform(
     attribs={"axis": "!axis"})
 
 
+# TFLite ops nnef-tools 1.0.11 has no transform for, seen in MediaPipe models, written as NNEF
+# fragments (CUSTOM_FRAGMENTS, given with --custom-fragments) that the NNEF -> ONNX step decomposes
+# into NNEF primitives (DECOMPOSE, its --decompose) or converts itself (depth_to_space). Fused
+# activations (fused_activation_function) of the ops nnef-tools honours them on (convolutions,
+# FULLY_CONNECTED, CONCATENATION) come out as RELU, TANH, the fragment `relu6` or one of
+# ACTIVATIONS below (patched into the converter by _main); those of other ops are made ops of
+# their own, and a TANH or SIGN_BIT that LiteRT ignores is removed, in the TFLite graph before
+# (pipeline/stages/tflite_rewrite.py).
+from nnef_tools.conversion.onnx_to_nnef import _DEPTH_TO_SPACE_FRAGMENT  # noqa: E402
+
+CUSTOM_FRAGMENTS = {
+    # TFLite reference kernel: x * min(6, max(0, x + 3)) / 6
+    "hard_swish": """
+fragment hard_swish( input: tensor<scalar> ) -> ( output: tensor<scalar> )
+{
+    output = div(mul(input, clamp(add(input, 3.0), 0.0, 6.0)), 6.0);
+}
+""",
+    "relu_n1_to_1": """
+fragment relu_n1_to_1( input: tensor<scalar> ) -> ( output: tensor<scalar> )
+{
+    output = clamp(input, -1.0, 1.0);
+}
+""",
+    "relu_0_to_1": """
+fragment relu_0_to_1( input: tensor<scalar> ) -> ( output: tensor<scalar> )
+{
+    output = clamp(input, 0.0, 1.0);
+}
+""",
+    "depth_to_space": _DEPTH_TO_SPACE_FRAGMENT,  # nnef-tools' own (its ONNX reader defines it)
+}
+DECOMPOSE = ("relu6", "hard_swish", "relu_n1_to_1", "relu_0_to_1")
+ACTIVATIONS = {"RELU_N1_TO_1": "relu_n1_to_1"}  # fused activation -> NNEF fragment
+
+for _op in ("HARD_SWISH", "RELU_N1_TO_1", "RELU_0_TO_1"):
+    CUSTOM_TRANSFORMS[_op] = Transform(type=_op.lower(), inputs="!I[0]",
+                                       outputs="!transpose_like(O[0], I[0])")
+
+# TFLite DEPTH_TO_SPACE (NHWC) is TF's: ONNX DepthToSpace mode DCR on the NCHW working layout.
+CUSTOM_TRANSFORMS["DEPTH_TO_SPACE"] = Transform(
+    type="depth_to_space", inputs="!transpose_input(I[0])", outputs="!transpose_output(O[0])",
+    attribs={"block_size": "!block_size", "blocks_first": True})
+
+# TFLite TRANSPOSE_CONV: nnef-tools 1.0.11 derives the padding's rank from its first operand, the
+# output shape vector (rank 1), so VALID becomes [] (NNEF's automatic, SAME-like padding) and the
+# NNEF shape check fails. The same transform with the rank of the data operand (I[2]).
+CUSTOM_TRANSFORMS["TRANSPOSE_CONV"] = Transform(
+    type="deconv",
+    inputs=("!transpose_input(I[2])", '!transpose_filter(I[1], format="CXN")'),
+    outputs="!transpose_output(O[0])",
+    attribs={"stride": "![stride_h, stride_w]", "padding": "!convert_padding(padding, I[2].rank - 2)",
+             "output_shape": "!nxc_to_ncx(as_const(I[0]))", "groups": 1})
+
+# NNEF -> ONNX deconv: nnef-tools 1.0.11 writes NNEF's full output_shape [N, C, H, W] into
+# ConvTranspose's `output_shape`, which ONNX wants spatial ([H, W]; onnxruntime rejects the model),
+# and leaves the split of an automatic padding to SAME_UPPER. Here the pads are explicit, computed
+# as NNEF (and TFLite TRANSPOSE_CONV) define them: total = full size - output size, floor half
+# first; a larger output than the full size is output_padding.
+def deconv_pads(converter, input_shape, filter_shape, output_shape, padding, stride, dilation):
+    """(ONNX pads [begins..., ends...], output_padding) of an NNEF deconv (public: nnef-tools
+    passes the converter first)."""
+    n = len(input_shape) - 2
+    stride, dilation = list(stride) or [1] * n, list(dilation) or [1] * n
+    begins, ends, extra = [], [], []
+    for i in range(n):
+        full = stride[i] * (input_shape[2 + i] - 1) + (filter_shape[2 + i] - 1) * dilation[i] + 1
+        if padding:
+            b, e = padding[i]
+        else:
+            total = max(full - output_shape[2 + i], 0)
+            b, e = total // 2, total - total // 2
+        begins.append(b)
+        ends.append(e)
+        extra.append(output_shape[2 + i] - (full - b - e))
+    if any(x < 0 for x in extra):
+        raise ValueError(f"deconv output {output_shape} is smaller than its padding allows")
+    return begins + ends, extra
+
+
+CUSTOM_TRANSFORMS["deconv"] = Transform(
+    type="ConvTranspose",
+    defaults={"output_shape": None},
+    using={"group": "!groups if groups != 0 else O[0].shape[1]",
+           "pads": "!deconv_pads(I[0].shape, I[1].shape, O[0].shape, padding, stride, dilation)"},
+    cond={"!I[2].rank != 0 or (is_const(I[2]) and as_const(I[2]) == 0)": "bias must be constant 0 or of rank 1"},
+    inputs=("!I[0]", "!I[1]", "!squeeze_vector(I[2]) if I[2].rank != 0 else None"),
+    outputs="!O[0]",
+    attribs={"pads": "!pads[0]", "output_padding": "!pads[1] if any(pads[1]) else None",
+             "strides": "!stride", "dilations": "!dilation", "group": "!group",
+             "kernel_shape": "!I[1].shape[2:]"})
+
 # ----------------------------------------------------------------------------- shape folding
 # nnef-tools 1.0.11 converts a TFLite RESHAPE only when its shape operand is a constant. Models
 # exported from Keras with a dynamic batch (basic-pitch) compute that operand at run time:
@@ -97,7 +189,8 @@ def fold_shape_ops(graph) -> list[str]:
 
 def _main(argv: list[str]) -> None:
     """`python -m pipeline.stages.nnef_fixes ARGS`: `python -m nnef_tools.convert ARGS`, with the TFLite
-    reader's optimizer followed by `fold_shape_ops` (nnef-tools has no hook for that step)."""
+    reader's optimizer followed by `fold_shape_ops` (nnef-tools has no hook for that step) and the
+    fused activations of ACTIVATIONS known to the TFLite converter."""
     import collections
     import runpy
     from nnef_tools.optimization import tflite_optimizer
@@ -113,6 +206,9 @@ def _main(argv: list[str]) -> None:
         return graph
 
     tflite_optimizer.Optimizer.__call__ = optimize_then_fold
+    from nnef_tools.conversion import tflite_to_nnef
+    tflite_to_nnef.Converter._ActivationOpTypes = {**tflite_to_nnef.Converter._ActivationOpTypes,
+                                                   **ACTIVATIONS}
     sys.argv = ["nnef_tools.convert", *argv]
     runpy.run_module("nnef_tools.convert", run_name="__main__", alter_sys=True)
 

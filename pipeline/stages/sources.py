@@ -35,19 +35,46 @@ def _nnef_tools(args: list[str], log: Path | None) -> None:
                               or f"exit {result.returncode}")
 
 
-def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> None:
-    """Convert a TFLite file or NNEF folder to ONNX at `out` with nnef-tools; raises ConversionError."""
+def _note(log: Path | None, text: str) -> None:
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as out:
+            out.write(text + "\n")
+
+
+def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> list[dict]:
+    """Convert a TFLite file or NNEF folder to ONNX at `out` with nnef-tools; raises ConversionError.
+    A TFLite file is first rewritten where it must be (tflite_rewrite: fused activations nnef-tools
+    would lose, sparse weights densified, known custom ops as builtins), each rewrite checked with
+    LiteRT: returns those rewrites (none: the source's own bytes are converted)."""
+    from . import nnef_fixes, tflite_rewrite
+    rewrites = []
     with tempfile.TemporaryDirectory() as tmp:
         nnef_dir = source
         if fmt == "tflite":
+            data = source.read_bytes()
+            try:
+                rewritten, rewrites = tflite_rewrite.rewrite(data)
+                rewrites = tflite_rewrite.check(data, rewritten, rewrites)
+            except tflite_rewrite.RewriteError as exc:
+                raise ConversionError(str(exc)) from None
+            model = source
+            if rewrites:  # else the source itself, byte for byte
+                model = Path(tmp) / source.name
+                model.write_bytes(rewritten)
+                _note(log, f"tflite rewrites: {[(r['rule'], r['count']) for r in rewrites]}; the "
+                           f"rewritten model (sha256 {tflite_rewrite.sha256(rewritten)}) is converted")
             nnef_dir = Path(tmp) / "model.nnef"
             _nnef_tools(["--input-format", "tflite", "--output-format", "nnef", "--input-model",
-                         str(source), "--output-model", str(nnef_dir), "--keep-io-names",
-                         "--custom-converters", "pipeline.stages.nnef_fixes"], log)
+                         str(model), "--output-model", str(nnef_dir), "--keep-io-names",
+                         "--custom-converters", "pipeline.stages.nnef_fixes",
+                         "--custom-fragments", "pipeline.stages.nnef_fixes"], log)
         _nnef_tools(["--input-format", "nnef", "--output-format", "onnx", "--input-model",
                      str(nnef_dir), "--output-model", str(out), "--keep-io-names",
-                     "--custom-converters", "pipeline.stages.nnef_fixes"], log)
+                     "--custom-converters", "pipeline.stages.nnef_fixes",
+                     "--decompose", *nnef_fixes.DECOMPOSE], log)
     _clean_onnx(out, read_signature(source))
+    return rewrites
 
 
 def _nnef_identifier(name: str) -> str:
@@ -108,9 +135,14 @@ def io_mismatches(signature: dict, converted: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------- golden
 def tflite_run(path: Path, arrays: dict) -> dict:
-    """The TFLite interpreter (LiteRT, builtin reference-delegate-free kernels, 1 thread) on named inputs."""
+    """The TFLite interpreter (LiteRT, builtin reference-delegate-free kernels, 1 thread) on named
+    inputs. A model with a custom op that tflite_rewrite knows runs with that op rewritten into
+    builtins (nothing else rewritten: the reference the import stage checks its other rewrites
+    against); any other model runs as it is."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
-    interp = Interpreter(model_path=str(path), num_threads=1,
+    from . import tflite_rewrite
+    data, _ = tflite_rewrite.rewrite(path.read_bytes(), only_custom=True)
+    interp = Interpreter(model_content=data, num_threads=1,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     for d in interp.get_input_details():
         if tuple(d["shape"]) != arrays[d["name"]].shape:

@@ -11,15 +11,15 @@ initializers (a Pad's pads, a Reshape's shape), nor through output shapes the ex
 with symbolic dims. So before simplifying, each subgraph gets its own copy of the outer
 initializers it reads and forgets its recorded shapes; then inference fills them in.
 
-Rewrites for the compiler, applied only where the graph has the pattern, each exact (a copy of
-the same values) and listed in static.json under `rewrites`:
-- `reflect-pad-as-gather`: IREE 3.13 (llvm-cpu) cannot compile some reflect Pads: basic-pitch's
-  [1, 1, 43844] -> [1, 1, 44100] fails with `'linalg.generic' op inferred input/output operand #0
-  has shape's dimension #0 to be greater than or equal to 128, but found 113` (the tiled reversed
-  slice). Measured on one-Pad models: padding the innermost axis of [1, 1, 1000] (or [1, 1000]) by
-  64 or 128 fails, by 8 or 127 compiles; 128 on a non-innermost axis compiles. The rank is not the
-  cause. A reflect Pad only copies elements, so every reflect Pad with constant pads becomes one
-  Gather per padded axis with the constant indices reflection reads: the same values, bit for bit.
+Graph surgery (pipeline/stages/rewrites.py, one function per rewrite, applied only where the
+graph has the pattern, each listed in static.json under `rewrites` and checked against golden
+with the rest): before simplifying, `fold-constant-if` (an If/Where on an input the spec binds
+to one value) and `decompose-contrib-ops` (onnxruntime's com.microsoft ops as standard ONNX);
+after, on static shapes, `reflect-pad-as-gather` (IREE 3.13 cannot compile some reflect Pads;
+the same values, bit for bit: see reflect_pads_as_gathers) and `unroll-recurrent` (LSTM/GRU
+where a compiler of ours lacks them). When onnxsim crashes, onnx's own constant folding with
+shape inference takes its place, recorded as `simplifier`. docs/stages.md#the-static-stage
+has the whole sequence.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
 from ..run.ort import session
 from .plan import ENTRY, golden_files
+from .rewrites import _dims, reflect_pads_as_gathers, subgraphs  # noqa: F401 (tests call static.reflect_pads_as_gathers)
 
 VERSION = 3  # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather rewrite
 OUTPUTS = ("model.onnx", "static.json")
@@ -48,21 +49,79 @@ def tolerance_problems(name: str, tolerance: dict):
 class Config(StageConfig):
     inputs: tuple[dict, ...]    # per input: name, shape (every dim bound), dtype
     tolerance: dict             # the simplified model vs golden: max_abs, mean_abs, cosine
+    constants: tuple[dict, ...] = ()  # inputs the spec binds to one value: name, value
 
     def problems(self):
         if not self.inputs or any(set(i) != {"name", "shape", "dtype"} for i in self.inputs):
             yield "inputs must list each input as {name, shape, dtype}"
         elif any(not all(isinstance(d, int) and d > 0 for d in i["shape"]) for i in self.inputs):
             yield "every input dim must be bound to a positive integer"
+        names = {i["name"] for i in self.inputs if isinstance(i, dict)}
+        if any(set(c) != {"name", "value"} or c["name"] not in names
+               or not isinstance(c["value"], int) for c in self.constants):
+            yield "constants must list inputs of the model as {name, value}, value an integer"
         yield from tolerance_problems("tolerance", self.tolerance)
 
 
-def _dims(value_info) -> list:
-    tt = value_info.type.tensor_type
-    if not tt.HasField("shape"):
+def constant_value(test_data: dict, dtype: str):
+    """The one value an integer input's test data can take (`random` with low == high, rounded
+    as golden rounds it), or None: such an input (a sample rate, a mode) is bound by the spec, and
+    the static model may be specialised to it (`fold-constant-if`). Float inputs never are: a
+    recurrent state whose test data is all zeros is still data."""
+    import math
+    rnd = test_data.get("random")
+    if not rnd or not dtype.startswith(("int", "uint")):
         return None
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
-            for d in tt.shape.dim]
+    low, high = math.ceil(rnd["low"]), math.floor(rnd["high"])
+    return low if low == high else None
+
+
+# op -> why a compiler of ours cannot take it: the static stage unrolls these over the static
+# sequence (`unroll-recurrent`). IREE's part is pipeline/stages/coverage.py's IREE_RULES.
+def lacking_ops() -> tuple[dict, set]:
+    """(op -> why a compiler of ours cannot take it, {"op:direction" that none takes})."""
+    from ..compilers import tvm_ops
+    version = tvm_ops.installed_version()
+    known = tvm_ops.supported_ops(version)
+    lacking, nowhere = {}, set()
+    for op in ("LSTM", "GRU"):
+        why = []
+        tvm_lacks = known is not None and op not in known
+        if tvm_lacks:
+            why.append(f"TVM {version}'s ONNX frontend has no {op} converter")
+        if op == "GRU":
+            why.append("IREE 3.13 does not lower a bidirectional or reverse GRU")
+            if tvm_lacks:
+                nowhere |= {"GRU:bidirectional", "GRU:reverse"}
+        if why:
+            lacking[op] = " and ".join(why)
+    return lacking, nowhere
+
+
+def constant_shapes(model) -> None:
+    """Shape every Constant output that inference left without one from the Constant's own
+    value (paddle2onnx's `p2o.helper.constant.*` could show as `['?']`): a false alarm otherwise."""
+    from onnx import helper, numpy_helper
+    known = {vi.name: vi for vi in model.graph.value_info}
+    for node in model.graph.node:
+        if node.op_type != "Constant" or len(node.attribute) != 1:
+            continue
+        a = node.attribute[0]
+        value = helper.get_attribute_value(a)
+        if a.name == "value":
+            array = numpy_helper.to_array(value)
+            shape, elem = list(array.shape), value.data_type
+        elif a.name in ("value_float", "value_int"):
+            shape, elem = [], 1 if a.name == "value_float" else 7
+        elif a.name in ("value_floats", "value_ints"):
+            shape, elem = [len(value)], 1 if a.name == "value_floats" else 7
+        else:
+            continue
+        vi = known.get(node.output[0])
+        if vi is None or _dims(vi) is None or any(not isinstance(d, int) for d in _dims(vi)):
+            if vi is not None:
+                model.graph.value_info.remove(vi)
+            model.graph.value_info.append(helper.make_tensor_value_info(node.output[0], elem, shape))
 
 
 def dynamic_tensors(model) -> list[str]:
@@ -99,15 +158,6 @@ def bind_inputs(model, shapes: dict) -> None:
             d.Clear()
 
 
-def subgraphs(graph):
-    """The subgraphs of a graph's nodes (If branches, Loop/Scan bodies), one level down."""
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield attr.g
-            yield from attr.graphs
-
-
 def localize_subgraphs(graph, outer: dict | None = None) -> None:
     """Give every subgraph its own copies of the outer initializers it reads, and drop the
     shapes recorded inside it (stale symbolic dims), so that shape inference reaches it."""
@@ -134,72 +184,55 @@ def drop_unused_initializers(graph) -> None:
         graph.initializer.extend(keep)
 
 
-def _reflect_indices(size: int, before: int, after: int):
-    import numpy as np
-    idx = np.abs(np.arange(-before, size + after))          # reflect about the first element
-    return np.where(idx > size - 1, 2 * (size - 1) - idx, idx).astype(np.int64)  # ... and the last
+def simplify(model, shapes: dict) -> tuple:
+    """(simplified model, which simplifier ran and why): onnxsim; when it crashes or cannot
+    verify its result, onnx's own constant folding with shape inference (rewrites.fold_constants).
+    Either way the stage compares the result with golden."""
+    import onnxsim
+    from .rewrites import fold_constants
+    try:
+        simplified, ok = onnxsim.simplify(model, overwrite_input_shapes=shapes)
+        if ok:
+            return simplified, {"name": "onnxsim", "why": "the default simplifier"}
+        why = "onnxsim could not verify its simplified model"
+    except Exception as exc:
+        why = f"onnxsim failed: {' '.join(str(exc).split())[:300]}"
+    return fold_constants(model), {"name": "onnx-fold", "why": why + "; onnx constant folding "
+                                   "and shape inference (data propagation) instead"}
 
 
-def reflect_pads_as_gathers(model) -> list[str]:
-    """Replace each reflect Pad with constant pads by Gathers along its padded axes; returns the
-    names of the nodes replaced. Needs the shapes of strict shape inference."""
-    from onnx import helper, numpy_helper
-    inits = {t.name: t for t in model.graph.initializer}
-    shapes = {vi.name: _dims(vi) for vi in list(model.graph.input) + list(model.graph.value_info)}
-    nodes, replaced = [], []
-    for k, node in enumerate(model.graph.node):
-        mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "constant")
-        shape = shapes.get(node.input[0]) if node.op_type == "Pad" else None
-        if mode != "reflect" or not shape or node.input[1] not in inits:
-            nodes.append(node)
-            continue
-        pads = numpy_helper.to_array(inits[node.input[1]]).tolist()
-        rank = len(shape)
-        axes = list(range(rank))
-        if len(node.input) > 3 and node.input[3]:  # opset 18+: pads only for the listed axes
-            if node.input[3] not in inits:
-                nodes.append(node)
-                continue
-            axes = [a % rank for a in numpy_helper.to_array(inits[node.input[3]]).tolist()]
-        n = len(axes)
-        todo = [(a, pads[i], pads[i + n]) for i, a in enumerate(axes) if pads[i] or pads[i + n]]
-        if not todo or any(b < 0 or e < 0 or b >= shape[a] or e >= shape[a] for a, b, e in todo):
-            nodes.append(node)  # nothing to pad, or a crop / an invalid reflect: leave it as it is
-            continue
-        current = node.input[0]
-        for j, (axis, before, after) in enumerate(todo):
-            stem = f"{node.output[0]}__reflect_axis{axis}"
-            model.graph.initializer.append(
-                numpy_helper.from_array(_reflect_indices(shape[axis], before, after), f"{stem}_indices"))
-            out = node.output[0] if j == len(todo) - 1 else stem
-            nodes.append(helper.make_node("Gather", [current, f"{stem}_indices"], [out], axis=axis,
-                                          name=f"{node.name or f'Pad_{k}'}__gather_axis{axis}"))
-            current = out
-        replaced.append(node.name or f"Pad_{k}")
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return replaced
+def _rewrite(ctx, model, phase: str, facts) -> list:
+    from .rewrites import NoRewrite, apply
+    try:
+        return apply(model, phase, facts)
+    except NoRewrite as exc:
+        raise ctx.error(str(exc), hint="the op stays as it is, and no compiler of ours takes it; "
+                                       "re-export the model without it")
 
 
 def run(ctx) -> None:
+    import numpy as np
     import onnx
-    import onnxsim
     from . import golden
+    from .rewrites import Facts
     from ..core.numerics import compare, describe_failures, summary
 
     model = onnx.load(str(ctx.input("model")))
     shapes = {i["name"]: i["shape"] for i in ctx.cfg.inputs}
+    dtypes = {i["name"]: i["dtype"] for i in ctx.cfg.inputs}
     nodes_before = len(model.graph.node)
     bind_inputs(model, shapes)
     localize_subgraphs(model.graph)
+    lacking, nowhere = lacking_ops()
+    facts = Facts(constants={c["name"]: np.full(shapes[c["name"]], c["value"], dtypes[c["name"]])
+                             for c in ctx.cfg.constants}, lacking=lacking, nowhere=nowhere)
+    rewrites = _rewrite(ctx, model, "before", facts)
     try:
-        model, ok = onnxsim.simplify(model, overwrite_input_shapes=shapes)
-    except Exception as exc:
-        raise ctx.error(f"onnxsim failed: {str(exc).strip().splitlines()[-1]}",
+        model, simplifier = simplify(model, shapes)
+    except Exception as exc:  # onnxsim crashed, and the fallback too
+        raise ctx.error(f"neither onnxsim nor onnx's constant folding can simplify the model: "
+                        f"{str(exc).strip().splitlines()[-1]}",
                         hint="check the input shapes in the spec; the model may not accept them")
-    if not ok:
-        raise ctx.error("onnxsim could not verify its simplified model",
-                        hint="check the input shapes in the spec")
     localize_subgraphs(model.graph)  # onnxsim writes subgraph shapes of its own
     drop_unused_initializers(model.graph)
     try:
@@ -208,13 +241,15 @@ def run(ctx) -> None:
         raise ctx.error(f"shape inference failed on the simplified model: "
                         f"{str(exc).strip().splitlines()[-1]}",
                         hint="the input shapes in the spec may not be ones the model accepts")
-    rewrites = []
-    replaced = reflect_pads_as_gathers(model)
-    if replaced:
-        rewrites.append({"rule": "reflect-pad-as-gather", "nodes": replaced,
-                         "why": "IREE 3.13 llvm-cpu fails to compile reflect Pad of this size; "
-                                "Gather with constant indices copies the same elements"})
+    constant_shapes(model)
+    facts.shapes = {vi.name: _dims(vi) for vi in list(model.graph.input)
+                    + list(model.graph.value_info) + list(model.graph.output)}
+    after = _rewrite(ctx, model, "after", facts)
+    if after:
+        rewrites += after
+        drop_unused_initializers(model.graph)  # the weights an unrolled op read, for example
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        constant_shapes(model)
     dynamic = dynamic_tensors(model)
     if dynamic:
         shown = ", ".join(dynamic[:8]) + (f" and {len(dynamic) - 8} more" if len(dynamic) > 8 else "")
@@ -235,16 +270,21 @@ def run(ctx) -> None:
                         f"{str(exc).strip().splitlines()[-1]}")
     result = compare(actual, expected, [o["name"] for o in doc["outputs"]], ctx.cfg.tolerance)
     if not result["passed"]:
+        changed_by = [simplifier["name"]] + [r["rule"] for r in rewrites]
         raise ctx.error(f"the simplified model differs from the original in onnxruntime: "
-                        f"{describe_failures(result)} ({summary(result)})",
-                        hint="onnxsim changed the numerics; report the model, or loosen "
-                             "`tolerance` if the difference is acceptable")
+                        f"{describe_failures(result)} ({summary(result)}); the model went "
+                        f"through {', '.join(changed_by)}",
+                        hint="one of those changed the numerics; report the model, or loosen "
+                             "`tolerance` if the difference is acceptable (a contrib op "
+                             "decomposed into float ops differs by the int8 rounding it drops)")
     ops = collections.Counter(n.op_type for n in model.graph.node)
     report = {"nodes_before": nodes_before, "nodes": len(model.graph.node),
               "ops": dict(sorted(ops.items())), "entry": ENTRY,
               "inputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.input],
               "outputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.output],
-              "rewrites": rewrites, "vs_original": result}
+              "simplifier": simplifier, "rewrites": rewrites,
+              **({"rewrites_declined": facts.declined} if facts.declined else {}),
+              "vs_original": result}
     ctx.output("static.json").write_text(pretty_json(report))
 
 
@@ -259,9 +299,13 @@ def static_step(layout, model) -> Step:
     return Step(stage="static", name=model.name, version=VERSION,
                 config=Config(inputs=tuple({"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
                                            for i in model.inputs),
-                              tolerance=model.tolerance.as_dict()),
+                              tolerance=model.tolerance.as_dict(),
+                              constants=tuple(
+                                  {"name": i.name, "value": value} for i in model.inputs
+                                  if (value := constant_value(i.test_data.as_dict(), i.dtype))
+                                  is not None)),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.model_stage(model.name, "static"),
-                tools=("onnx", "onnxsim", "onnxruntime", "numpy"), action=run,
+                tools=("onnx", "onnxsim", "onnxruntime", "numpy", "apache-tvm"), action=run,
                 layout=layout, doc="bind shapes, simplify (onnxsim), check against golden",
                 where={"model": model.name})

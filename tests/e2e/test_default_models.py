@@ -58,17 +58,22 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
 
 
 def test_default_models_record_their_vulkan_decisions(tmp_path):
-    """With the real registry: ppocr_det ships the Mali build (twin-validated), not the baseline
-    build (wrong on a real GPU); ppocr_cls has no Vulkan build (IREE miscompiles it)."""
+    """With the real registry: ppocr_det and ppocr_cls ship the Mali build (twin-validated; the
+    classifier thanks to the ABI's pad-fusion workaround), not the baseline build (wrong: on a
+    real GPU for the detector, for the classifier even with the depthwise workaround)."""
     proj = load_project(REPO / "models", tmp_path / "artifacts", "rk3588")
     steps = {s.name for s in proj.steps("iree_compile")}
     assert "rk3588/ppocr_det/vulkan-mali-g610" in steps
     assert "rk3588/ppocr_det/vulkan-mali-g610/twin" in steps
     assert "rk3588/ppocr_det/vulkan-baseline" not in steps
-    assert not any(s.startswith("rk3588/ppocr_cls/vulkan") for s in steps)
+    assert {"rk3588/ppocr_cls/vulkan-mali-g610", "rk3588/ppocr_cls/vulkan-mali-g610/twin"} <= steps
+    assert "rk3588/ppocr_cls/vulkan-baseline" not in steps
     specs = {m.name: m for m in proj.models}
     assert "wrong on a real GPU" in specs["ppocr_det"].skip_reason("vulkan-baseline")
-    assert "wrong numbers" in specs["ppocr_cls"].skip_reason("vulkan-mali-g610")
+    assert "doit bisect" in specs["ppocr_cls"].skip_reason("vulkan-baseline")
+    assert specs["ppocr_cls"].skip_reason("vulkan-mali-g610") is None
     (manifest_step,) = proj.steps("manifest")
     cfg = {m["name"]: m for m in manifest_step.config["models"]}
-    assert sorted(cfg["ppocr_cls"]["skipped"]) == ["vulkan-baseline", "vulkan-mali-g610"]
+    assert sorted(cfg["ppocr_cls"]["skipped"]) == ["vulkan-baseline"]
+    mali = next(a for t in proj.targets for a in t.abis if a.name == "vulkan-mali-g610")
+    assert [w["name"] for w in mali.workarounds] == ["pad-fusion"]

@@ -5,7 +5,9 @@ workaround can go) and to work (the same build validates with it)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,3 +63,72 @@ def test_bisect_names_the_depthwise_conv_the_baseline_target_gets_wrong(tmp_path
     right = gpu_registry(tmp_path / "llvmpipe", "llvmpipe", f"    flags: [{PAD_FLAG}]\n")
     clean = ws.doit("bisect", "model=cls_part", "target=gpu", "abi=vk", right)
     assert clean.returncode == 0 and "matches onnxruntime" in clean.stdout, clean.stdout + clean.stderr
+
+
+def depthwise_model(models, name="dw", channels=24, kernel=3, strides=(2, 1)) -> None:
+    """One depthwise Conv, as in the PP-OCR classifier: the smallest graph the baseline Vulkan
+    target computes wrong."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from conftest import sha256, write_spec
+    rng = np.random.default_rng(0)
+    pad = kernel // 2
+    h, w = 12, 96
+    oh, ow = (h + 2 * pad - kernel) // strides[0] + 1, (w + 2 * pad - kernel) // strides[1] + 1
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=channels, kernel_shape=[kernel, kernel],
+                          pads=[pad] * 4, strides=list(strides))],
+        "main", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, h, w])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, oh, ow])],
+        [numpy_helper.from_array(rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    folder = models / name
+    folder.mkdir(parents=True)
+    onnx.save(model, str(folder / "model.onnx"))
+    write_spec(folder, "model.onnx", sha256(folder / "model.onnx"),
+               inputs={"x": ([1, channels, h, w], "float32", 0)})
+
+
+def _validation(ws, model="dw"):
+    path = ws.artifacts / f"gpu/{model}/vk/validate/validation.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+DENSE = ("    workarounds:\n      - name: depthwise-as-dense\n        rewrites: [depthwise_conv_as_dense]\n"
+         "        why: the baseline target computes depthwise convolutions wrong\n")
+PAD = (f"    workarounds:\n      - name: pad-fusion\n        flags: [{PAD_FLAG}]\n"
+       "        why: padding fused into the producer's store lands at the wrong offsets\n")
+
+
+@pytest.mark.parametrize("kernel", [3, 5])
+def test_depthwise_workaround_is_needed_on_the_baseline_target_and_works(tmp_path, lavapipe, kernel):
+    ws = Workspace(tmp_path / "ws")
+    depthwise_model(ws.models, kernel=kernel, channels=24 if kernel == 3 else 32)
+    bare = ws.build(gpu_registry(tmp_path / "bare", "vp_android_baseline_2022"), check=False)
+    assert bare.returncode != 0 and "[model=dw target=gpu/vk stage=validate] outputs differ" in \
+        bare.stdout + bare.stderr, "the bug is gone: drop the depthwise-as-dense workaround"
+    fixed = ws.build(gpu_registry(tmp_path / "fixed", "vp_android_baseline_2022", DENSE))
+    assert "iree_compile:gpu/dw/vk" in fixed.stdout
+    assert _validation(ws)["status"] == "passed"
+    compiled = json.loads((ws.artifacts / "gpu/dw/vk/iree_compile/compile.json").read_text())
+    (workaround,) = compiled["workarounds"]
+    assert workaround["name"] == "depthwise-as-dense" and workaround["rewrites"][0]["nodes"]
+    entry = json.loads((ws.artifacts / "gpu/manifest.json").read_text())["models"]["dw"]
+    assert entry["artifacts"]["vk"]["compile"]["workarounds"][0]["name"] == "depthwise-as-dense"
+
+
+def test_pad_fusion_workaround_is_needed_on_llvmpipe_and_works(tmp_path, lavapipe):
+    """The classifier fixture on IREE's llvmpipe target (the Mali build's twin): wrong without
+    the flag, right with it."""
+    ws = fixture_workspace(tmp_path)
+    bare = ws.build(gpu_registry(tmp_path / "bare", "llvmpipe"), check=False)
+    assert bare.returncode != 0 and "[model=cls_part target=gpu/vk stage=validate] outputs differ" in \
+        bare.stdout + bare.stderr, "the bug is gone: drop the pad-fusion workaround"
+    ws.build(gpu_registry(tmp_path / "fixed", "llvmpipe", PAD))
+    assert _validation(ws, "cls_part")["status"] == "passed"
+    compiled = json.loads((ws.artifacts / "gpu/cls_part/vk/iree_compile/compile.json").read_text())
+    assert PAD_FLAG in compiled["flags"] and compiled["workarounds"][0]["name"] == "pad-fusion"
+    shaders = [p for p in Path(os.environ["MODELYARD_SHADER_CACHE"]).rglob("*") if p.is_file()]
+    assert shaders, "lavapipe kept no compiled kernel in the shader cache"
