@@ -15,9 +15,10 @@ from pipeline.graph.scaffold import bind, new_model
 from pipeline.stages.coverage import manifest_table, render, rewrites_of
 from pipeline.spec import load_models
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "models"
-CLS = SHARED / "rapidocr_onnxruntime-1.4.4__ch_ppocr_mobile_v2.0_cls_infer.onnx"
-VAD = SHARED / "silero-vad-6.2.3__silero_vad_op18_ifless.onnx"
+REPO = Path(__file__).resolve().parents[2]
+# the repo's copies of ../shared/models files (the same bytes): a clean clone has no ../shared
+CLS = REPO / "models/ppocr_cls/ch_ppocr_mobile_v2.0_cls_infer.onnx"   # rapidocr-onnxruntime 1.4.4
+VAD = REPO / "tests/fixtures/silero_vad/silero_vad.onnx"              # silero_vad_op18_ifless
 
 
 def host_iree(root: Path) -> Path:

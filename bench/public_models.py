@@ -1,0 +1,149 @@
+"""Real models in, artifacts out: every model file of a folder (default ../shared/models, one
+public model per failure class we know) taken through `doit new` and `doit build` as a user
+would, on a target's CPU ABIs, with a table of what came out.
+
+    python bench/public_models.py [--models-from DIR] [--target rk3588] [--only NAME ...] [--keep]
+
+Per file: `doit new source=FILE name=... shape=...` (the shapes a user would give: the table
+below, the inputs each package documents), then the edits a user makes by hand where `doit new`
+cannot know (a constant input such as Silero's sample rate; the tolerance of an onnxruntime-
+quantized model, whose golden outputs round activations to 8 bits on the fly), then one
+`doit build target=T` of all of them on a copy of the target's CPU ABIs (Vulkan validation on
+lavapipe is another matter: see docs/vulkan.md). Prints per model: status, the ABIs shipped,
+the rewrites applied (import, static, compile) and the worst max abs error against golden (the
+original source's outputs, from onnxruntime or LiteRT). Exits 1 when a model did not ship.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# file name (without the package prefix) -> doit new shape= arguments, and hand edits
+SHAPES = {
+    "PP-OCRv6_det_tiny.onnx": ["x:1x3x64x96"],
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": ["x:1x3x48x192"],
+    "silero_vad_op18_ifless.onnx": ["input:1x576", "state:2x1x128"],
+    "silero_vad_16k_sequence.onnx": ["sequence_length:4"],
+    "encoder.onnx": ["src_len:16"],
+    "rawi_v2.int8.onnx": ["input:1x24"],
+}
+# hand edits after `doit new`: a constant input (low == high), a tolerance
+CONSTANTS = {"silero_vad_op18_ifless.onnx": {"sr": 16000}}
+TOLERANCES = {"rawi_v2.int8.onnx": {"max_abs": 0.5, "mean_abs": 0.05, "cosine": 0.999}}
+
+
+def short(path: Path) -> str:
+    stem = path.name.split("__", 1)[-1]
+    return re.sub(r"[^a-z0-9_-]", "_", stem.rsplit(".", 1)[0].lower())[:40]
+
+
+def doit(ws: Path, *args: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args,
+            f"models={ws / 'models'}", f"artifacts={ws / 'artifacts'}"]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
+
+
+def cpu_registry(target: str, folder: Path) -> Path:
+    doc = yaml.safe_load((REPO / "pipeline/targets" / f"{target}.yaml").read_text())
+    doc["abis"] = {k: v for k, v in doc["abis"].items() if v.get("backend") != "vulkan-spirv"}
+    doc["fallback"] = [a for a in doc["fallback"] if a in doc["abis"]]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{target}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
+def hand_edits(spec: Path, source: Path) -> list[str]:
+    doc = yaml.safe_load(spec.read_text())
+    done = []
+    for name, value in CONSTANTS.get(source.name.split("__", 1)[-1], {}).items():
+        doc["inputs"][name]["test_data"] = {"random": {"seed": 0, "low": value, "high": value}}
+        done.append(f"{name} = {value}")
+    tol = TOLERANCES.get(source.name.split("__", 1)[-1])
+    if tol:
+        doc["tolerance"] = tol
+        done.append(f"tolerance {tol}")
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return done
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models-from", type=Path, default=REPO.parent / "shared" / "models")
+    parser.add_argument("--target", default="rk3588")
+    parser.add_argument("--only", nargs="*", default=None, help="file name substrings")
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args(argv)
+    files = sorted(p for p in args.models_from.iterdir()
+                   if p.suffix in (".onnx", ".tflite") and (not args.only or any(o in p.name for o in args.only)))
+    ws = Path(tempfile.mkdtemp(prefix="modelyard-public-"))
+    try:
+        (ws / "models").mkdir()
+        rows, new_failed = {}, {}
+        for f in files:
+            name = short(f)
+            shapes = [f"shape={s}" for s in SHAPES.get(f.name.split("__", 1)[-1], [])]
+            made = doit(ws, "new", f"source={f}", f"name={name}", *shapes)
+            if made.returncode != 0:
+                new_failed[name] = (made.stdout + made.stderr).strip().splitlines()[-3:]
+                continue
+            rows[name] = {"file": f.name, "edits": hand_edits(ws / "models" / name / "model.yaml", f)}
+        targets = cpu_registry(args.target, ws / "targets")
+        start = time.perf_counter()
+        built = doit(ws, "build", f"target={args.target}", f"targets={targets}")
+        elapsed = time.perf_counter() - start
+        manifest = ws / "artifacts" / args.target / "manifest.json"
+        report = doit(ws, "coverage", f"target={args.target}", f"targets={targets}")
+        doc = json.loads(manifest.read_text()) if manifest.is_file() else None
+        print(f"public models: {len(files)} files from {args.models_from}, target {args.target} "
+              f"(CPU ABIs), build {elapsed:.0f} s, exit {built.returncode}; folder {ws}\n")
+        print("| model | status | shipped | rewrites | worst max abs vs golden | hand edits |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        shipped_all = True
+        for name, row in rows.items():
+            entry = (doc or {}).get("models", {}).get(name) if doc else None
+            if entry is None:
+                status = _stopped(ws, args.target, name, built.stdout + built.stderr)
+                shipped_all = False
+                print(f"| {name} | {status} | - | - | - | {'; '.join(row['edits']) or '-'} |")
+                continue
+            arts = entry["artifacts"]
+            worst = max((o["max_abs"] or 0) for a in arts.values() for o in a["validation"]["outputs"])
+            rewrites = sorted({r.get("rule") or r.get("rewrite") or r.get("name", "?")
+                               for r in entry.get("rewrites", []) + entry.get("static_rewrites", [])})
+            print(f"| {name} | shipped | {', '.join(sorted(arts))} | {', '.join(rewrites) or '-'} | "
+                  f"{worst:.2g} | {'; '.join(row['edits']) or '-'} |")
+        for name, lines in new_failed.items():
+            shipped_all = False
+            print(f"| {name} | `doit new` failed: {' '.join(lines)[:200]} | - | - | - | - |")
+        if not doc:
+            print("\n(no manifest: at least one model failed; `doit coverage` says where)\n")
+            print(report.stdout[-4000:])
+        return 0 if shipped_all else 1
+    finally:
+        if args.keep:
+            print(f"kept {ws}")
+        else:
+            shutil.rmtree(ws, ignore_errors=True)
+
+
+def _stopped(ws: Path, target: str, name: str, output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(f"[model={name} "):
+            return "stopped: " + line[:220].replace("|", "/")
+    return "not built"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
