@@ -225,9 +225,10 @@ def task_new():
 def task_bisect():
     """the first node an ABI's build gets wrong, and a standalone repro: model=NAME target=T abi=A"""
     model = get_var("model", None)
+    known = model in {m.name for m in PROJECT.models}  # else the action names the known ones
     return {"actions": [(doit_call, [bisect.command, PROJECT, model, get_var("target", None),
                                      get_var("abi", None)])],
-            "task_dep": [f"static:{model}", f"golden:{model}"] if model else [],
+            "task_dep": [f"static:{model}", f"golden:{model}"] if known else [],
             "uptodate": [False], "verbosity": 2}
 
 

@@ -400,7 +400,11 @@ def test_compiler_choice_by_measurement_or_spec_and_what_release_runtime_and_ben
     assert list(release["artifacts"]) == ["cpu-x86_64-tvm"]
     assert release["artifacts"]["cpu-x86_64-tvm"]["requires"]["tvm_runtime"]["version"] == "0.27.0.post1"
     assert release["choice"]["cpu"]["ships"] == "cpu-x86_64-tvm"
-    assert ws.doit("verify", f"bundle={bundle}").returncode == 0
+    pub = tmp_path / "k.pem.pub"  # verify needs the key pinned: the release key's public half
+    private = serialization.load_pem_private_key(key.read_bytes(), None)
+    pub.write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+    assert ws.doit("verify", f"bundle={bundle}", f"pubkey={pub}").returncode == 0
 
     # runtime: the shipped choice is what an app gets, and it runs
     from pipeline.run.app import Runner
