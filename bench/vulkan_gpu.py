@@ -15,8 +15,10 @@ Two halves, because the GPU machine has no IREE compiler and no repo build:
     device (pipeline.vulkan.meets: never runs what would compute wrong numbers), runs it, compares
     with golden (max abs, cosine) and times p50/p90 over the iterations (invoke + readback).
 
-Only `pipeline/run/vulkan.py`, `pipeline/run/app.py`, `pipeline/core/numerics.py` and `pipeline/core/errors.py`
-are needed on the GPU machine (copied into the prepared folder).
+The prepared folder carries a copy of the `pipeline` package (the runner needs pipeline.run.app,
+pipeline.run.vulkan and pipeline.core.numerics; nothing of it imports a compiler). An ABI's
+workarounds apply as in the build: its flags through compile_flags, its graph rewrites
+(pipeline/stages/abi_rewrites.py) on the static model before import.
 """
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RUNTIME_MODULES = ("__init__.py", "errors.py", "vulkan.py", "runtime.py", "numerics.py", "store.py")
 
 
 def _compile(find_tool, compile_flags, requirements, mlir: Path, cfg: dict, vmfb: Path) -> dict:
@@ -50,6 +51,7 @@ def prepare(args) -> int:
     from pipeline.compilers.iree_targets import requirements
     from pipeline.spec import load_target
     from pipeline.core.store import sha256_file
+    from pipeline.stages.abi_rewrites import apply as apply_rewrites
 
     artifacts = Path(args.artifacts).resolve()
     target = load_target(args.target)
@@ -57,9 +59,8 @@ def prepare(args) -> int:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"models": {}}
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
-    (out / "pipeline").mkdir(parents=True)
-    for name in RUNTIME_MODULES:
-        shutil.copy(REPO / "pipeline" / name, out / "pipeline" / name)
+    out.mkdir(parents=True)
+    shutil.copytree(REPO / "pipeline", out / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     cases = []
     for static in sorted((artifacts / "models").glob(f"{args.models}/static/model.onnx")):
         model = static.parent.parent.name
@@ -69,6 +70,19 @@ def prepare(args) -> int:
         mlir = dest / "model.mlir"
         subprocess.run([sys.executable, "-m", "iree.compiler.tools.import_onnx", str(static),
                         "-o", str(mlir)], check=True)
+
+        def imported(cfg: dict) -> Path:
+            """The MLIR this ABI compiles: the static model's, or that of its rewritten copy."""
+            rewrites = [r for w in cfg.get("workarounds") or () for r in w["rewrites"]]
+            if not rewrites:
+                return mlir
+            folder = dest / ("rw-" + "-".join(rewrites))
+            folder.mkdir(exist_ok=True)
+            if not (folder / "model.mlir").is_file():
+                apply_rewrites(static, rewrites, folder / "model.onnx")
+                subprocess.run([sys.executable, "-m", "iree.compiler.tools.import_onnx",
+                                str(folder / "model.onnx"), "-o", str(folder / "model.mlir")], check=True)
+            return folder / "model.mlir"
         shipped = manifest["models"].get(model, {}).get("artifacts", {})
         builds = [(abi.name, abi.compile_config(), "the target's ABI") for abi in target.abis
                   if abi.backend == "vulkan-spirv"]
@@ -78,7 +92,7 @@ def prepare(args) -> int:
         for name, cfg, kind in builds:
             vmfb = dest / f"{name}.vmfb"
             start = time.perf_counter()
-            req = _compile(find_tool, compile_flags, requirements, mlir, cfg, vmfb)
+            req = _compile(find_tool, compile_flags, requirements, imported(cfg), cfg, vmfb)
             digest = sha256_file(vmfb)
             if name in shipped:
                 kind += (", byte-identical to the shipped artifact" if shipped[name]["sha256"] == digest
@@ -86,7 +100,8 @@ def prepare(args) -> int:
             print(f"{model}: {vmfb.name} ({kind}) compiled in {time.perf_counter() - start:.1f} s")
             cases.append({"model": model, "artifact": vmfb.name, "kind": kind, "sha256": digest,
                           "requires": req, "tolerance": tolerance})
-        mlir.unlink()
+        for f in dest.rglob("model.mlir"):
+            f.unlink()
     (out / "cases.json").write_text(json.dumps(cases, indent=2, sort_keys=True) + "\n")
     print(f"prepared {len(cases)} artifacts in {out}")
     return 0
