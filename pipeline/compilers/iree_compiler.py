@@ -46,14 +46,16 @@ def unsupported_ops(log_text: str) -> list[str]:
 
 
 def attempts(config: dict) -> list[dict]:
-    """The flag sets a build tries, in order: the ABI's own flags, then each declared fallback
-    (`fallbacks:` of the ABI in pipeline/targets/*.yaml) applied on its own to them. Each is
-    {"flags": the ABI's extra flags for this attempt, "fallback": None or {drop, add, why}};
-    a fallback that gives the same flags as an earlier attempt is left out."""
+    """The flag sets a build tries, in order: the ABI's own flags and its workarounds' flags, then
+    each declared fallback (`fallbacks:` of the ABI in pipeline/targets/*.yaml) applied on its own
+    to them (a fallback may drop a workaround's flag: a model the flag breaks is then built
+    without it, and validation decides). Each is {"flags": the extra flags of this attempt,
+    workarounds' included, "fallback": None or {drop, add, why}}; a fallback that gives the same
+    flags as an earlier attempt is left out."""
+    base = list(config["flags"]) + [f for w in config.get("workarounds") or () for f in w["flags"]]
     out, seen = [], set()
     for fb in [None, *(config.get("fallbacks") or ())]:
-        flags = list(config["flags"]) if fb is None else (
-            [f for f in config["flags"] if f not in fb["drop"]] + list(fb["add"]))
+        flags = base if fb is None else [f for f in base if f not in fb["drop"]] + list(fb["add"])
         if tuple(flags) not in seen:
             seen.add(tuple(flags))
             out.append({"flags": flags, "fallback": fb})

@@ -19,7 +19,7 @@ else and crashes). Its chain, next to the model's fp32 one:
                 golden (the variant's `tolerance`) and against fp32 (the gate's max_abs and
                 cosine; one sample's mean_abs is held to max_abs, see Gate.sample_tolerance)
 
-Variants inherit the model's `skip:`. An fp16 variant is also left out of every Vulkan ABI whose
+Variants inherit the model's `skip:`, and may add their own (`skip:` in the variant). An fp16 variant is also left out of every Vulkan ABI whose
 IREE target declares no 16-bit storage or fp16 arithmetic (e.g. vp_android_baseline_2022: fp16
 kernels run there and return wrong numbers, no error); the reason is recorded like a skip, and
 iree_compile refuses such a build in any case.
@@ -97,6 +97,12 @@ class VariantSpec:
     io_dtype: str = "float32"
     divergence_samples: int = 4
     divergence_cosine: float = 0.98
+    skip: tuple = ()             # ((ABI name pattern, reason), ...): besides the model's own skip
+
+    def skip_reason(self, abi: str) -> str | None:
+        import fnmatch
+        return next((reason for pattern, reason in self.skip if fnmatch.fnmatchcase(abi, pattern)),
+                    None)
 
     def quantize_config(self) -> dict:
         if self.precision == "fp16":
@@ -161,6 +167,9 @@ class VariantDoc(Doc):
     tolerance: Optional[ToleranceDoc] = None
     """artifacts vs the variant's own golden (default: the model's tolerance)"""
     divergence: Optional[DivergenceDoc] = None
+    skip: Optional[dict[str, Annotated[str, Field(pattern=r"\S")]]] = None
+    """ABI name patterns this variant is not built for, each with its reason (besides the
+    model's own skip, which variants inherit)"""
 
 
 Variants = Annotated[dict[Annotated[str, Field(pattern=f"^(?!fp32$){NAME_RE.pattern[1:]}"), Says(
@@ -210,6 +219,7 @@ def parse(pre_doc, doc, spec_dir: Path, inputs: dict, tolerance, where: str, pro
         kw["gate"] = v.gate and Gate(v.gate.max_abs, v.gate.mean_abs, v.gate.cosine,
                                      v.gate.top1_agreement)
         kw["tolerance"] = v.tolerance.spec() if v.tolerance else tolerance
+        kw["skip"] = tuple(sorted((k, " ".join(r.split())) for k, r in (v.skip or {}).items()))
         div = v.divergence or DivergenceDoc()
         kw["divergence_samples"], kw["divergence_cosine"] = div.samples, div.cosine
         for key in ("calibration", "evaluation"):

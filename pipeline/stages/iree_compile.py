@@ -109,7 +109,8 @@ def run(ctx) -> None:
     # the source file name in the artifact, which must not depend on where the build happens.
     tried, used = [], None
     for attempt in attempts(cfg.as_key()):
-        config = {**cfg.as_key(), "flags": attempt["flags"]}
+        config = {**cfg.as_key(), "flags": attempt["flags"]}  # workarounds' flags included
+        config.pop("workarounds", None)
         argv = compile_argv(find_compiler(), config, Path(mlir.name), vmfb)
         result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch,
                           **where)
@@ -131,6 +132,7 @@ def run(ctx) -> None:
               "size": vmfb.stat().st_size}
     if cfg.workarounds:  # what each did: its flags are in `flags`, its rewrites touched these nodes
         report["workarounds"] = [{"name": w["name"], "why": w["why"], "flags": list(w["flags"]),
+                                  "flags_used": all(f in used["flags"] for f in w["flags"]),
                                   "rewrites": [a for a in applied if a["rewrite"] in w["rewrites"]]}
                                  for w in cfg.workarounds]
     if len(tried) > 1 or cfg.fallbacks:

@@ -128,7 +128,7 @@ def variant_model(model, variant):
 
 def variant_skip_reason(model, variant, abi, memo_dir: Path | None) -> str | None:
     """The spec's skip; and for an fp16 variant, a Vulkan target without 16-bit support."""
-    why = model.skip_reason(abi.name)
+    why = model.skip_reason(abi.name) or variant.skip_reason(abi.name)
     if why or variant.precision != "fp16" or abi.backend != "vulkan-spirv":
         return why
     record = vulkan_target_record(abi.vulkan_target, abi.vulkan_features, memo_dir)

@@ -149,11 +149,30 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     return doc, actual, names, executed, result
 
 
+def _same_flags(ctx) -> None:
+    """A twin stands for the shipped build only if both were compiled with the same flags but the
+    Vulkan target (a fallback may have dropped a flag from one and not the other)."""
+    import json
+
+    def flags(name):
+        return [f for f in json.loads(ctx.input(name).read_text())["flags"]
+                if not f.startswith(("--iree-vulkan-target=", "--iree-vulkan-target-features="))]
+    shipped, twin = flags("compile.json"), flags("twin.compile.json")
+    if shipped != twin:
+        raise ctx.error(f"the twin was compiled with other flags than the shipped artifact "
+                        f"(shipped: {' '.join(shipped)}; twin: {' '.join(twin)}): its validation "
+                        f"would not speak for the shipped bytes",
+                        hint="a fallback worked for one target and not the other: give the ABI a "
+                             "fallback both can take, or skip the ABI for this model")
+
+
 def run(ctx) -> None:
     import numpy as np
 
     cfg = ctx.cfg
     twin = cfg.run["via"] == "twin"
+    if twin:
+        _same_flags(ctx)
     doc, actual, names, executed, result = run_and_compare(
         ctx, ctx.input("twin.vmfb" if twin else "vmfb"), runner_argv,
         what="twin" if twin else "artifact",
@@ -259,8 +278,10 @@ def validate_step(layout, model, target, abi) -> Step:
     inputs = {"vmfb": compiled / "model.vmfb", **golden_files(layout, model)}
     via = abi.run["via"]
     if via == "twin":
-        inputs["twin.vmfb"] = layout.artifact_stage(target.name, model.name, abi.name,
-                                                    "twin_compile") / "model.vmfb"
+        twin = layout.artifact_stage(target.name, model.name, abi.name, "twin_compile")
+        inputs["twin.vmfb"] = twin / "model.vmfb"
+        inputs["compile.json"] = compiled / "compile.json"      # the twin must have been built
+        inputs["twin.compile.json"] = twin / "compile.json"     # with the shipped build's flags
     tools = {"python": ("iree-base-runtime", "numpy"),
              "qemu": ("iree-runtime-aarch64", "qemu-aarch64-static", "numpy"),
              "vulkan": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}"),
