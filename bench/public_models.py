@@ -45,8 +45,9 @@ TOLERANCES = {"rawi_v2.int8.onnx": {"max_abs": 0.5, "mean_abs": 0.05, "cosine": 
 
 
 def short(path: Path) -> str:
-    stem = path.name.split("__", 1)[-1]
-    return re.sub(r"[^a-z0-9_-]", "_", stem.rsplit(".", 1)[0].lower())[:40]
+    stem, ext = path.name.split("__", 1)[-1].rsplit(".", 1)
+    name = re.sub(r"[^a-z0-9_-]", "_", stem.lower())[:36]
+    return f"{name}_tflite" if ext == "tflite" else name
 
 
 def doit(ws: Path, *args: str) -> subprocess.CompletedProcess:
@@ -112,24 +113,22 @@ def main(argv=None) -> int:
         print("| --- | --- | --- | --- | --- | --- |")
         shipped_all = True
         for name, row in rows.items():
-            entry = (doc or {}).get("models", {}).get(name) if doc else None
-            if entry is None:
-                status = _stopped(ws, args.target, name, built.stdout + built.stderr)
+            result = _result(ws / "artifacts", args.target, name)
+            if not result["abis"]:
                 shipped_all = False
-                print(f"| {name} | {status} | - | - | - | {'; '.join(row['edits']) or '-'} |")
+                status = _stopped(name, built.stdout + built.stderr)
+                print(f"| {name} | {status} | - | {', '.join(result['rewrites']) or '-'} | - | "
+                      f"{'; '.join(row['edits']) or '-'} |")
                 continue
-            arts = entry["artifacts"]
-            worst = max((o["max_abs"] or 0) for a in arts.values() for o in a["validation"]["outputs"])
-            rewrites = sorted({r.get("rule") or r.get("rewrite") or r.get("name", "?")
-                               for r in entry.get("rewrites", []) + entry.get("static_rewrites", [])})
-            print(f"| {name} | shipped | {', '.join(sorted(arts))} | {', '.join(rewrites) or '-'} | "
-                  f"{worst:.2g} | {'; '.join(row['edits']) or '-'} |")
+            print(f"| {name} | validated | {', '.join(result['abis'])} | "
+                  f"{', '.join(result['rewrites']) or '-'} | {result['worst']:.2g} | "
+                  f"{'; '.join(row['edits']) or '-'} |")
         for name, lines in new_failed.items():
             shipped_all = False
             print(f"| {name} | `doit new` failed: {' '.join(lines)[:200]} | - | - | - | - |")
         if not doc:
             print("\n(no manifest: at least one model failed; `doit coverage` says where)\n")
-            print(report.stdout[-4000:])
+            print(report.stdout[-6000:])
         return 0 if shipped_all else 1
     finally:
         if args.keep:
@@ -138,7 +137,29 @@ def main(argv=None) -> int:
             shutil.rmtree(ws, ignore_errors=True)
 
 
-def _stopped(ws: Path, target: str, name: str, output: str) -> str:
+def _result(artifacts: Path, target: str, name: str) -> dict:
+    """From the steps' own outputs (there is no manifest when any model failed): the ABIs whose
+    artifact validated, the worst max abs against golden, the rewrites applied."""
+    abis, worst = [], 0.0
+    for validation in sorted((artifacts / target / name).glob("*/validate/validation.json")):
+        doc = json.loads(validation.read_text())
+        if doc.get("status") in ("passed", "twin-passed"):
+            abis.append(validation.parent.parent.name)
+            worst = max([worst] + [o["max_abs"] or 0 for o in doc["outputs"]])
+    rewrites = set()
+    for stage, field in (("import", "rewrites"), ("static", "rewrites")):
+        report = artifacts / "models" / name / stage / f"{stage}.json"
+        if report.is_file():
+            for r in json.loads(report.read_text()).get(field, []):
+                rewrites.add(f"{stage}:{r.get('rule') or r.get('rewrite') or r.get('name', '?')}")
+    for compiled in (artifacts / target / name).glob("*/iree_compile/compile.json"):
+        fb = json.loads(compiled.read_text()).get("fallback")
+        if fb:
+            rewrites.add(f"{compiled.parent.parent.name}: fallback drop {' '.join(fb['drop'])}")
+    return {"abis": abis, "worst": worst, "rewrites": sorted(rewrites)}
+
+
+def _stopped(name: str, output: str) -> str:
     for line in output.splitlines():
         if line.startswith(f"[model={name} "):
             return "stopped: " + line[:220].replace("|", "/")

@@ -43,7 +43,8 @@ def test_new_then_build_ships_a_real_model(workspace, tmp_path):
     assert spec.inputs[0].test_data.as_dict() == {"random": {"seed": 0, "low": 0.0, "high": 1.0}}
     assert spec.source_sha256 == __import__("hashlib").sha256(CLS.read_bytes()).hexdigest()
     assert [p.name for p in spec.licenses] == ["LICENSE"]
-    assert (spec.tolerance.max_abs, spec.tolerance.mean_abs, spec.tolerance.cosine) == (1e-4, 1e-5, 0.99999)
+    # outputs are probabilities (at most 1): the floor of the scaled tolerance
+    assert (spec.tolerance.max_abs, spec.tolerance.mean_abs, spec.tolerance.cosine) == (1e-4, 1e-5, 0.9999)
 
     targets = host_iree(workspace.root)
     workspace.build("target=host", f"targets={targets}")
@@ -159,3 +160,27 @@ def test_the_table_lists_rewrites_fallbacks_and_skipped_compilers():
     assert "  rewrite static:fold-if: sr bound" in text
     assert ("  cpu-x86_64 built with fallback flags (without --iree-opt-data-tiling): i1 data "
             "tiling; after 1 failed attempt(s); the first: model.mlir:3:4: error: boom") in text
+
+
+def test_new_scales_the_tolerance_to_the_outputs(workspace):
+    """A model whose outputs are in the hundreds gets bounds in proportion (1e-5 / 1e-6 of the
+    largest output), said in the spec; float32 rounding grows with the values."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"])], "main",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array(300.0, np.float32), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    source = workspace.root / "scale.onnx"
+    onnx.save(model, str(source))
+    made = workspace.doit("new", f"source={source}", "name=scaled")
+    assert made.returncode == 0, made.stdout + made.stderr
+    text = (workspace.models / "scaled/model.yaml").read_text()
+    top = float(text.split("(outputs reach ")[1].split()[0])
+    assert 10 < top < 300  # 300 times random inputs in [0, 1)
+    (spec,) = load_models(workspace.models)
+    assert 1e-5 * top <= spec.tolerance.max_abs <= 1e-5 * top * 2
+    assert spec.tolerance.mean_abs == spec.tolerance.max_abs / 10
