@@ -33,9 +33,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _compile(find_tool, compile_flags, requirements, mlir: Path, cfg: dict, vmfb: Path) -> dict:
-    argv = [find_tool("iree-compile"), mlir.name, *compile_flags(cfg)]  # relative, as the pipeline does
-    subprocess.run(argv + ["-o", str(vmfb)], check=True, cwd=mlir.parent)
+def _compile(find_tool, compile_flags, requirements, mlir: Path, cfg: dict, vmfb: Path) -> dict | None:
+    """Compile as the iree_compile stage does: the ABI's flags, then each declared fallback
+    (pipeline.compilers.iree_compiler.attempts); None when every attempt fails."""
+    from pipeline.compilers.iree_compiler import attempts
+    for attempt in attempts(cfg):
+        config = {k: v for k, v in cfg.items() if k != "workarounds"}
+        argv = [find_tool("iree-compile"), mlir.name, *compile_flags({**config, "flags": attempt["flags"]})]
+        if subprocess.run(argv + ["-o", str(vmfb)], cwd=mlir.parent).returncode == 0:  # relative,
+            break                                                                       # as the pipeline
+    else:
+        return None
     sources = vmfb.with_suffix(".executables.mlir")
     subprocess.run(argv + ["--compile-to=executable-sources", "-o", str(sources)], check=True,
                    cwd=mlir.parent)
@@ -93,6 +101,9 @@ def prepare(args) -> int:
             vmfb = dest / f"{name}.vmfb"
             start = time.perf_counter()
             req = _compile(find_tool, compile_flags, requirements, imported(cfg), cfg, vmfb)
+            if req is None:
+                print(f"{model}: {vmfb.name} ({kind}): iree-compile failed with every attempt")
+                continue
             digest = sha256_file(vmfb)
             if name in shipped:
                 kind += (", byte-identical to the shipped artifact" if shipped[name]["sha256"] == digest
@@ -102,6 +113,8 @@ def prepare(args) -> int:
                           "requires": req, "tolerance": tolerance})
         for f in dest.rglob("model.mlir"):
             f.unlink()
+        for folder in dest.glob("rw-*"):  # the rewritten models: only their artifacts travel
+            shutil.rmtree(folder)
     (out / "cases.json").write_text(json.dumps(cases, indent=2, sort_keys=True) + "\n")
     print(f"prepared {len(cases)} artifacts in {out}")
     return 0
