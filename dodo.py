@@ -29,10 +29,10 @@ from doit import create_after, get_var
 
 from pipeline.bench import measure as bench
 from pipeline.core import lock, store
-from pipeline.diagnose import bisect
 from pipeline.core.errors import PipelineError
 from pipeline.core.settings import flag, setting
 from pipeline.core.steps import doit_call, doit_task, rerun_stages
+from pipeline.diagnose import bisect
 from pipeline.graph import STAGES, load_project
 from pipeline.release import cache, release, signing, verify
 from pipeline.stages import accuracy, coverage, tvm_tune
@@ -60,9 +60,9 @@ try:
                        path=True),
         signing_key=setting("cache_key", get_var("cache_key", None), env="MODELYARD_CACHE_KEY",
                             path=True),
-        timeout=float(setting("cache_timeout", get_var("cache_timeout", None)) or 0) or None)
-except (PipelineError, ValueError) as err:
-    print(f"modelyard: {err.render() if isinstance(err, PipelineError) else err}", file=sys.stderr)
+        timeout=store.timeout_setting(setting("cache_timeout", get_var("cache_timeout", None))))
+except PipelineError as err:
+    print(f"modelyard: {err.render()}", file=sys.stderr)
     raise SystemExit(2)
 if flag("revalidate", get_var("revalidate", None)):
     rerun_stages({"validate"})  # validation results from a cache are measured again, here

@@ -27,22 +27,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench.common import doit, executed, temporary  # noqa: E402 (after the path is set)
 TOOL_STAGES = ("iree_compile", "tvm_compile", "tvm_tune", "validate")
 BOOKKEEPING = {".doit.db", ".cache", "logs", ".tmp", ".lock", ".store"}
-
-
-def doit(ws: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
-    argv = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args,
-            f"models={ws / 'models'}", f"artifacts={ws / 'artifacts'}"]
-    start = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
-    return time.perf_counter() - start, result
 
 
 def build(ws: Path, target: str, *extra: str) -> tuple[float, subprocess.CompletedProcess]:
@@ -51,10 +44,6 @@ def build(ws: Path, target: str, *extra: str) -> tuple[float, subprocess.Complet
         raise SystemExit(f"cache bench: the build in {ws} failed ({result.returncode}):\n"
                          f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return elapsed, result
-
-
-def executed(result: subprocess.CompletedProcess) -> list[str]:
-    return sorted(line[3:].strip() for line in result.stdout.splitlines() if line.startswith(".  "))
 
 
 def logged(ws: Path, since: float) -> list[str]:
@@ -91,8 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
 
-    tmp = Path(tempfile.mkdtemp(prefix="modelyard-cache-bench-"))
-    try:
+    with temporary("modelyard-cache-bench-", args.keep) as tmp:
         url = args.url or (tmp / "remote").as_uri()
         spaces = {}
         for name in ("cold", "warm", "down"):
@@ -112,7 +100,7 @@ def main(argv=None) -> int:
         down_url = f"http://127.0.0.1:{closed_port()}/cache"
         down, down_run = build(spaces["down"], args.target, f"cache={down_url}")
 
-        print(f"\n| build | wall time | tasks executed | steps that ran a tool |")
+        print("\n| build | wall time | tasks executed | steps that ran a tool |")
         print("| --- | --- | --- | --- |")
         print(f"| cold, pushing | {cold:.1f} s | {len(executed(cold_run))} | {len(logged(spaces['cold'], t0))} |")
         print(f"| warm remote, fresh folder | {warm:.1f} s ({warm / cold:.1%} of cold) | "
@@ -147,11 +135,6 @@ def main(argv=None) -> int:
         for p in problems:
             print(f"FAIL: {p}")
         return 1 if problems else 0
-    finally:
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +26,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench.common import executed as ran, temporary  # noqa: E402 (after the path is set)
 
 
 def doit(*args: str, models: Path | None = None, artifacts: Path | None = None,
@@ -42,11 +43,6 @@ def doit(*args: str, models: Path | None = None, artifacts: Path | None = None,
         raise SystemExit(f"overhead: {' '.join(argv)} failed ({result.returncode}):\n"
                          f"{result.stdout}\n{result.stderr}")
     return elapsed, result
-
-
-def ran(result: subprocess.CompletedProcess) -> list[str]:
-    """Tasks doit executed (it prints '.  name' for those, '-- name' for up-to-date ones)."""
-    return sorted(line[3:].strip() for line in result.stdout.splitlines() if line.startswith(".  "))
 
 
 def edit_spec(spec: Path, signature: dict) -> str:
@@ -110,8 +106,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from pipeline.graph import load_project
 
-    tmp = Path(tempfile.mkdtemp(prefix="modelyard-overhead-"))
-    try:
+    with temporary("modelyard-overhead-", args.keep) as tmp:
         models, artifacts = tmp / "models", tmp / "artifacts"
         shutil.copytree(args.models, models)
         names = sorted(p.parent.name for p in models.glob("*/model.yaml"))
@@ -155,11 +150,6 @@ def main(argv=None) -> int:
         print(f"  extra: {sorted(set(actual) - set(expected))}; "
               f"missing: {sorted(set(expected) - set(actual))}")
         return 1
-    finally:
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench.common import doit, temporary  # noqa: E402 (after the path is set)
 
 # file name (without the package prefix) -> doit new shape= arguments, and hand edits
 SHAPES = {
@@ -55,16 +53,11 @@ def short(path: Path) -> str:
     return f"{name}_tflite" if ext == "tflite" else name
 
 
-def doit(ws: Path, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args,
-            f"models={ws / 'models'}", f"artifacts={ws / 'artifacts'}"]
-    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
-
-
 def cpu_registry(target: str, folder: Path) -> Path:
     doc = yaml.safe_load((REPO / "pipeline/targets" / f"{target}.yaml").read_text())
     doc["abis"] = {k: v for k, v in doc["abis"].items() if v.get("backend") != "vulkan-spirv"}
-    doc["fallback"] = [a for a in doc["fallback"] if a in doc["abis"]]
+    if "fallback" in doc:
+        doc["fallback"] = [a for a in doc["fallback"] if a in doc["abis"]]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{target}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return folder
@@ -96,24 +89,21 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     files = sorted(p for p in args.models_from.iterdir()
                    if p.suffix in (".onnx", ".tflite") and (not args.only or any(o in p.name for o in args.only)))
-    ws = Path(tempfile.mkdtemp(prefix="modelyard-public-"))
-    try:
+    with temporary("modelyard-public-", args.keep) as ws:
         (ws / "models").mkdir()
         rows, new_failed = {}, {}
         for f in files:
             name = short(f)
             shapes = [f"shape={s}" for s in SHAPES.get(f.name.split("__", 1)[-1], [])]
-            made = doit(ws, "new", f"source={f}", f"name={name}", *shapes)
+            _, made = doit(ws, "new", f"source={f}", f"name={name}", *shapes)
             if made.returncode != 0:
                 new_failed[name] = (made.stdout + made.stderr).strip().splitlines()[-3:]
                 continue
             rows[name] = {"file": f.name, "edits": hand_edits(ws / "models" / name / "model.yaml", f)}
         targets = cpu_registry(args.target, ws / "targets")
-        start = time.perf_counter()
-        built = doit(ws, "build", f"target={args.target}", f"targets={targets}")
-        elapsed = time.perf_counter() - start
+        elapsed, built = doit(ws, "build", f"target={args.target}", f"targets={targets}")
         manifest = ws / "artifacts" / args.target / "manifest.json"
-        report = doit(ws, "coverage", f"target={args.target}", f"targets={targets}")
+        _, report = doit(ws, "coverage", f"target={args.target}", f"targets={targets}")
         doc = json.loads(manifest.read_text()) if manifest.is_file() else None
         print(f"public models: {len(files)} files from {args.models_from}, target {args.target} "
               f"(CPU ABIs), build {elapsed:.0f} s, exit {built.returncode}; folder {ws}\n")
@@ -138,11 +128,6 @@ def main(argv=None) -> int:
             print("\n(no manifest: at least one model failed; `doit coverage` says where)\n")
             print(report.stdout[-6000:])
         return 0 if shipped_all else 1
-    finally:
-        if args.keep:
-            print(f"kept {ws}")
-        else:
-            shutil.rmtree(ws, ignore_errors=True)
 
 
 def _result(artifacts: Path, target: str, name: str) -> dict:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import remote
+from .errors import PipelineError
 
 CHUNK = 1 << 20
 
@@ -199,6 +200,21 @@ def configure(artifacts_root: Path, url: str | None = None, push: bool = False,
                            "signed": bool(url and signing_key), "pubkey": bool(url and pubkey)})
     _remote = remote.Remote(url, push=push, pubkey=pubkey, signing_key=signing_key,
                             timeout=timeout, stats=_stats) if url else None
+
+
+def timeout_setting(value) -> float | None:
+    """cache_timeout as given (a doit variable, the environment or pyproject.toml): seconds > 0,
+    or None for the default."""
+    if value in (None, ""):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if seconds <= 0:
+        raise PipelineError(f"cache_timeout={value!r} is not a number of seconds above 0",
+                            stage="cache", hint="e.g. cache_timeout=10 (the default)")
+    return seconds
 
 
 def configured_remote() -> "remote.Remote | None":

@@ -8,6 +8,7 @@ the error carries the exit code, the tail of the output and that log's path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import importlib.metadata
 import os
@@ -37,7 +38,9 @@ ICD_DIR = Path("/usr/share/vulkan/icd.d")  # where Mesa installs its Vulkan driv
 SETUP_HINT = "run ./setup.sh (it installs every tool the pipeline needs)"
 
 
+@functools.lru_cache(maxsize=None)
 def distribution_version(name: str) -> str:
+    """An installed package's version, read once per process (step keys ask for it per step)."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

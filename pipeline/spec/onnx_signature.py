@@ -209,19 +209,9 @@ def read_signature(path) -> dict:
     an ONNX file, or {"error": one line} when it cannot be read or holds no graph.
     The file is mapped, not read: pages of weights that are skipped are never touched."""
     try:
-        with open(os.fspath(path), "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return parse_signature(b"")
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return _parse_mapped(path, parse_signature)
     except (OSError, ValueError) as exc:
         return {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
-    try:
-        return parse_signature(mapped)
-    finally:
-        try:
-            mapped.close()
-        except BufferError:  # a view still alive (only on an unexpected error): leave it to GC
-            pass
 
 
 # ----------------------------------------------------------------------------- external data
@@ -303,14 +293,20 @@ def external_data(path) -> list[str]:
     sorted, each once; [] for a file without, or one that cannot be read (read_signature says
     so). Like read_signature, the file is mapped, and the weights are skipped unread."""
     try:
-        with open(os.fspath(path), "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return []
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return _parse_mapped(path, parse_external_data)
     except (OSError, ValueError):
         return []
+
+
+def _parse_mapped(path, parse):
+    """parse(the file's bytes), the file mapped rather than read: pages of weights the parser
+    skips are never touched. OSError/ValueError when the file cannot be opened or mapped."""
+    with open(os.fspath(path), "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return parse(b"")
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        return parse_external_data(mapped)
+        return parse(mapped)
     finally:
         try:
             mapped.close()

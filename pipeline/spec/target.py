@@ -113,7 +113,7 @@ class FallbackDoc(Doc):
 
 
 # Graph rewrites an ABI may declare as workarounds (pipeline/stages/abi_rewrites.py: REWRITES)
-ABI_REWRITES = ("depthwise_conv_as_dense", "depthwise_conv_as_slices")
+ABI_REWRITES = ("depthwise_conv_as_dense",)
 
 
 class WorkaroundDoc(Doc):

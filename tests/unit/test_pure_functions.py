@@ -78,3 +78,9 @@ def test_compile_flags_are_a_pure_function_of_the_abi():
            'y: error: failed to legalize operation \'torch.operator\' that was explicitly marked '
            'illegal: %3 = "torch.operator"(%2) <{name = "onnx.Loop"}>')
     assert unsupported_ops(log) == ["GRU", "Loop"]
+
+
+def test_the_abi_rewrites_the_spec_accepts_are_those_the_compile_stage_has():
+    from pipeline.spec.target import ABI_REWRITES
+    from pipeline.stages.abi_rewrites import REWRITES
+    assert set(ABI_REWRITES) == set(REWRITES)

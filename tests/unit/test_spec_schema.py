@@ -97,13 +97,19 @@ MODEL_BREAKS = [(("licence",), "LICENSE"), (("tolerance", "max_abs"), "small"), 
 
 @pytest.mark.parametrize("path, value", MODEL_BREAKS, ids=lambda v: ".".join(v) if isinstance(v, tuple) else None)
 def test_a_bad_model_spec_fails_the_schema_and_the_loader(path, value):
-    good = yaml.safe_load((FIXTURE / "model.yaml").read_text())
+    _fails_both(FIXTURE / "model.yaml", "model.schema.json", ModelDoc, path, value)
+
+
+def _fails_both(good_file, schema: str, doc_type, path, value) -> None:
+    """The good document passes the JSON Schema; with `value` at `path` both the schema and the
+    loader refuse it, the loader naming the file in every problem."""
+    good = yaml.safe_load(good_file.read_text())
     bad = _set(good, path, value)
-    assert not list(validator("model.schema.json").iter_errors(good))
-    assert list(validator("model.schema.json").iter_errors(bad))
+    assert not list(validator(schema).iter_errors(good))
+    assert list(validator(schema).iter_errors(bad))
     problems = []
-    validate(ModelDoc, bad, "model.yaml", problems)
-    assert problems and all(p.startswith("model.yaml: ") for p in problems)
+    validate(doc_type, bad, good_file.name, problems)
+    assert problems and all(p.startswith(f"{good_file.name}: ") for p in problems)
 
 
 TARGET_BREAKS = [(("colour",), "red"), (("abis", "cpu-aarch64", "cpu"), 5),
@@ -116,13 +122,7 @@ TARGET_BREAKS = [(("colour",), "red"), (("abis", "cpu-aarch64", "cpu"), 5),
 
 @pytest.mark.parametrize("path, value", TARGET_BREAKS, ids=lambda v: ".".join(v) if isinstance(v, tuple) else None)
 def test_a_bad_target_fails_the_schema_and_the_loader(path, value):
-    good = yaml.safe_load((REPO / "pipeline/targets/rk3588.yaml").read_text())
-    bad = _set(good, path, value)
-    assert not list(validator("target.schema.json").iter_errors(good))
-    assert list(validator("target.schema.json").iter_errors(bad))
-    problems = []
-    validate(TargetDoc, bad, "t.yaml", problems)
-    assert problems and all(p.startswith("t.yaml: ") for p in problems)
+    _fails_both(REPO / "pipeline/targets/rk3588.yaml", "target.schema.json", TargetDoc, path, value)
 
 
 def test_a_model_spec_with_many_problems_reports_them_all(tmp_path):
