@@ -6,7 +6,9 @@ Prints, for a copy of the models (default: the repository's models/) built into 
 temporary artifacts folder (never the user's):
   1. bare `doit --version` vs a no-op `doit build` (median of --runs runs each): the cost of
      loading dodo.py, validating the specs and asking every step whether it is up to date;
-  2. the cold build time of those models for --target (empty artifacts folder, empty store);
+  2. the cold build time of those models for --target (empty artifacts folder, empty store),
+     and with --jobs N (default 2) the same cold build run by `doit -n N` in another empty
+     folder: both wall times, and whether every output is byte-identical;
   3. the tasks re-run after a one-model spec edit (--model's first input: its last dim changes),
      next to that model's chain as the build graph predicts it: the steps whose own fingerprint
      the edit changed, and every step downstream of them. They must be equal: an extra task is
@@ -15,6 +17,7 @@ temporary artifacts folder (never the user's):
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,13 +39,24 @@ def doit(*args: str, models: Path | None = None, artifacts: Path | None = None,
     if models is not None:
         argv[3:3] = ["-f", str(REPO / "dodo.py")]
         argv += [f"models={models}", f"artifacts={artifacts}"]
+    # as a user runs it: Python's bytecode cache on (some CI shells turn it off)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     start = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env)
     elapsed = time.perf_counter() - start
     if check and result.returncode != 0:
         raise SystemExit(f"overhead: {' '.join(argv)} failed ({result.returncode}):\n"
                          f"{result.stdout}\n{result.stderr}")
     return elapsed, result
+
+
+# written by a build besides its outputs: doit's db, caches, logs, scratch, the lock, the store
+BOOKKEEPING = {".doit.db", ".cache", "logs", ".tmp", ".lock", ".store"}
+
+
+def outputs(artifacts: Path) -> dict[str, bytes]:
+    return {p.relative_to(artifacts).as_posix(): p.read_bytes() for p in sorted(artifacts.rglob("*"))
+            if p.is_file() and p.relative_to(artifacts).parts[0] not in BOOKKEEPING}
 
 
 def edit_spec(spec: Path, signature: dict) -> str:
@@ -102,6 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default=None, help="model whose spec is edited (default: "
                                                       "the first one by name)")
     parser.add_argument("--target", default="host")
+    parser.add_argument("--jobs", type=int, default=2, help="the parallel cold build's doit "
+                                                            "-n (default 2; 1 skips it)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
     from pipeline.graph import load_project
@@ -128,8 +144,23 @@ def main(argv=None) -> int:
               f"{', '.join(f'{v:.2f}' for v in version)})")
         print(f"no-op `doit build`:        {med_noop:6.2f} s (median; runs "
               f"{', '.join(f'{v:.2f}' for v in noop_runs)}); overhead over bare doit "
-              f"{med_noop - med_version:+.2f} s")
+              f"{med_noop - med_version:+.2f} s, {med_noop / med_version:.2f}x (goal <= 2x)")
         print(f"cold build ({len(ran(first))} tasks):   {cold:6.1f} s")
+        if args.jobs > 1:
+            parallel_dir = tmp / f"artifacts-n{args.jobs}"
+            wall, result = doit("-n", str(args.jobs), "build", target, models=models,
+                                artifacts=parallel_dir)
+            one, many = outputs(artifacts), outputs(parallel_dir)
+            same = sum(1 for k in one if many.get(k) == one[k])
+            print(f"cold build, doit -n {args.jobs}: {wall:6.1f} s ({len(ran(result))} tasks), "
+                  f"{cold / wall:.2f}x faster than -n 1; {same} of {len(one)} files "
+                  f"byte-identical to the -n 1 build"
+                  + ("" if same == len(one) == len(many) else
+                     f" (only in -n {args.jobs}: {sorted(set(many) - set(one))[:5]})"))
+            if same != len(one) or len(many) != len(one):
+                differ = sorted(k for k in one if many.get(k) != one[k])
+                print(f"  differ: {differ[:10]}")
+                return 1
 
         from pipeline.core.store import _memo
         project = load_project(models, artifacts, args.target)
