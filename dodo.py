@@ -21,7 +21,8 @@ cache=URL (a remote build cache: file://, http(s)://, s3://, gs://...; or $MODEL
 cache_push=1 (push what is built; pull-only otherwise) cache_pubkey=PATH cache_key=PATH
 cache_timeout=S, revalidate=1 (re-run validation here even when a cache has the result).
 bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PCT gate=0|1.
-tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1.
+tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1|model
+curve=1 [points=0,25,50,100 rounds=N seconds=S warmup=N threads=N] (trials vs latency).
 """
 import sys
 
@@ -36,7 +37,8 @@ if noop.up_to_date(__file__, sys.argv[1:]):
     raise SystemExit(0)
 _LOADED_FINGERPRINT = noop.loaded(__file__, sys.argv[1:])
 
-from pipeline.bench import measure as bench
+from pipeline.bench import measure as bench, tuning_curve
+from pipeline.bench import profile
 from pipeline.core import lock, store
 from pipeline.core.errors import PipelineError
 from pipeline.core.settings import flag, setting
@@ -44,7 +46,7 @@ from pipeline.core.steps import doit_call, doit_task, rerun_stages
 from pipeline.diagnose import bisect
 from pipeline.graph import STAGES, load_project
 from pipeline.release import cache, release, signing, verify
-from pipeline.stages import accuracy, coverage, tvm_tune
+from pipeline.stages import accuracy, config_search, coverage, tvm_tune
 from pipeline.stages.plan import coverage_file
 
 try:
@@ -222,15 +224,40 @@ def task_bench():
             "verbosity": 2}
 
 
+def task_profile():
+    """time per dispatch / kernel of model=NAME's target=T artifacts, mapped to ONNX ops, beside onnxruntime's [abi=A]"""
+    target = get_var("target", None)  # required, as model=: without them the action says so
+    return {"actions": [(doit_call, [profile.command, PROJECT.layout, target, get_var("model", None),
+                                     {v: get_var(v, None) for v in profile.VARS},
+                                     [t.name for t in PROJECT.targets]])],
+            "task_dep": ["manifest"] if target else [],
+            "uptodate": [False],  # a measurement, never cached
+            "verbosity": 2}
+
+
 def task_tune():
-    """MetaSchedule-tune target=NAME's TVM artifacts [model=NAME tracker=HOST:PORT key=KEY emulated=1 pin=1]"""
+    """MetaSchedule-tune target=NAME's TVM artifacts [model=NAME tracker=HOST:PORT key=KEY emulated=1 pin=1|model curve=1]"""
     target = get_var("target", None)
+    curve = [(doit_call, [tuning_curve.command, PROJECT, target, get_var("model", None),
+                          {v: get_var(v, None) for v in tuning_curve.VARS}])]
     return {"actions": [(doit_call, [tvm_tune.command, PROJECT, target, get_var("model", None),
                                      {"tracker": get_var("tracker", None), "key": get_var("key", None),
                                       "emulated": get_var("emulated", "0") in ("1", "true", "yes")},
-                                     get_var("pin", "0") in ("1", "true", "yes")])],
+                                     get_var("pin", "0")])]
+                       + (curve if get_var("curve", "0") in ("1", "true", "yes") else []),
             "task_dep": [f"static:{m.name}" for m in PROJECT.models]
                         + [f"coverage:{target}/{m.name}" for m in PROJECT.models] if target else [],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_search():
+    """build, validate and time each ABI's declared configs per model; pin the fastest: target=NAME [model=NAME]"""
+    target, model = get_var("target", None), get_var("model", None)
+    models = [m.name for m in PROJECT.models if model in (None, m.name)]
+    return {"actions": [(doit_call, [config_search.command, PROJECT, target, model,
+                                     {v: get_var(v, None) for v in config_search.VARS}])],
+            "task_dep": [f"{stage}:{m}" for m in models for stage in ("golden", "static")]
+                        + [f"coverage:{target}/{m}" for m in models] if target else [],
             "uptodate": [False], "verbosity": 2}
 
 

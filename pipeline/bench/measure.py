@@ -46,7 +46,7 @@ __all__ = ["Options", "Planned", "plan", "measure", "machine", "bench_artifact",
 
 RESULT_SCHEMA = "modelyard.bench/1"
 SUMMARY_SCHEMA = "modelyard.bench-summary/1"
-VARS = ("warmup", "iterations", "seconds", "threads", "baseline", "threshold", "gate")
+VARS = ("warmup", "iterations", "seconds", "threads", "baseline", "threshold", "gate", "profile")
 STAGE = "bench"
 
 
@@ -61,6 +61,7 @@ class Options:
     baseline: Path | None = None  # a previous bench.json to compare p50 against
     threshold: float = 10.0      # percent: p50 worse than the baseline by more than this regresses
     gate: bool = False           # fail (non-zero exit) when an artifact regressed
+    profile: bool = False        # also `doit profile` each model first (its top 10 in the report)
 
     def __post_init__(self):
         problems = []
@@ -87,7 +88,7 @@ class Options:
         kw = {}
         parsers = {"warmup": int, "iterations": int, "seconds": float, "threads": int,
                    "baseline": Path, "threshold": lambda v: float(v.rstrip("%")),
-                   "gate": _flag}
+                   "gate": _flag, "profile": _flag}
         for name, value in raw.items():
             if value is None:
                 continue
@@ -96,8 +97,8 @@ class Options:
             except (ValueError, KeyError):
                 raise PipelineError(f"bench option {name}={value!r} is not valid", stage=STAGE,
                                     hint="warmup/iterations/threads take integers, seconds a "
-                                         "number, threshold a percentage (10 or 10%), gate 0 or 1, "
-                                         "baseline a path") from None
+                                         "number, threshold a percentage (10 or 10%), gate and "
+                                         "profile 0 or 1, baseline a path") from None
         return cls(**kw)
 
     def usable_threads(self) -> int:
@@ -333,7 +334,7 @@ def summarise(result: dict, result_path: str, validation: dict) -> dict:
 def run(layout: Layout, target: str, options: Options, say: Callable[[str], None] = print,
         runners: dict = RUNNERS) -> dict:
     """Bench every runnable artifact of `target`; write results, bench.json and report.html."""
-    from . import report
+    from . import profile, report
 
     manifest_path = layout.manifest(target)
     manifest = _load_json(manifest_path, "manifest", target,
@@ -383,7 +384,15 @@ def run(layout: Layout, target: str, options: Options, say: Callable[[str], None
     if baseline is not None:
         summary["regression"] = {"baseline": str(options.baseline),
                                  **regressions(rows, baseline, options.threshold)}
-    atomic_write_text(layout.bench_report(target), report.render(summary, results, manifest))
+    if options.profile:  # after the timing: the profiles' compiles never overlap a timed window
+        for model in sorted({r["model"] for r in rows}):
+            if any(profile.runnable(a)[0] for a in manifest["models"][model]["artifacts"].values()):
+                profile.run(layout, target, model, profile.Options(threads=options.threads), say)
+    profiles = profile.current(layout, target, manifest)
+    summary["profiles"] = {m: layout.relative(layout.profile_report(target, m) / "profile.json")
+                           for m in profiles}
+    atomic_write_text(layout.bench_report(target), report.render(summary, results, manifest,
+                                                                 profiles))
     atomic_write_text(layout.bench_summary(target), pretty_json(summary))
     for line in table(summary):
         say(line)

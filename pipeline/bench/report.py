@@ -4,8 +4,9 @@ One self-contained file (inline CSS, inline SVG, no script, nothing fetched): th
 settings, the regression check when a baseline was given, then per model and precision a table
 (artifact, size, validation errors, p50/p90/p99, ratio to onnxruntime, noise), the boundary split
 (copy in / invoke / read back) and the latency distribution of every artifact next to
-onnxruntime's, and a size-vs-latency plot. `render` is a pure function of the bench summary, the
-per-artifact results and the manifest.
+onnxruntime's, and a size-vs-latency plot; per model with a current `doit profile`, its top 10
+dispatches / kernels / onnxruntime nodes side by side and the time per ONNX op kind. `render` is a
+pure function of the bench summary, the per-artifact results, the manifest and the profiles.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import math
 from html import escape
 
 from ..run.timing import NOISY_CV, PHASES
+from .profile import ORT, TOP, display_name, nodes_text
 
 COLORS = {"total": "#2b6cb0", "onnxruntime": "#dd6b20", "copy_in": "#38a169",
           "invoke": "#2b6cb0", "read_back": "#805ad5"}
@@ -194,7 +196,49 @@ def _precision(artifact: dict) -> str:
     return artifact.get("precision", "fp32")
 
 
-def render(summary: dict, results: dict, manifest: dict) -> str:
+def _runtime_label(key: str, side: dict) -> str:
+    return ORT if key == ORT else f"{key} ({side['runtime'].upper()})"
+
+
+def profile_html(model: str, doc: dict, top: int = TOP) -> str:
+    """A model's profile: the top entries of each runtime side by side, then per ONNX op kind."""
+    sides = doc["runtimes"]
+    p = [f"<h3>{escape(model)}: where the time goes</h3><p class=\"muted\">doit profile, run "
+         f"{escape(doc['started_utc'])}, {doc['threads']} thread(s), {doc['settings']['rounds']} "
+         f"rounds of {doc['settings']['iterations']} runs per runtime, in turn. Share = of the "
+         "runtime's entries' sum; an entry counts under its main ONNX node (a Conv with its fused "
+         "activation counts as the Conv). " + "; ".join(
+             f"{escape(_runtime_label(k, s))}: whole run {_ms(s['total_ms'])} ms, entries "
+             f"{_ms(s['entries_ms'])} ms, mapped by {escape(s['mapping'].split(':')[0])}"
+             for k, s in sides.items()) + "</p>",
+         "<table><tr><th rowspan=2>#</th>" + "".join(
+             f"<th colspan=3 class=l>{escape(_runtime_label(k, s))}</th>" for k, s in sides.items())
+         + "</tr><tr>" + "<th class=l>dispatch / kernel / node: ONNX nodes</th><th>ms</th>"
+                         "<th>share</th>" * len(sides) + "</tr>"]
+    for k in range(min(top, max(len(s["entries"]) for s in sides.values()))):
+        cells = []
+        for s in sides.values():
+            if k >= len(s["entries"]):
+                cells.append("<td colspan=3></td>")
+                continue
+            e = s["entries"][k]
+            cells.append(f"<td class=l><span class=mono title=\"{escape(e['name'])}\">"
+                         f"{escape(display_name(e['name'], 80))}</span><br><span "
+                         f"class=muted>{escape(e['category'])}: {escape(nodes_text(e))}</span></td>"
+                         f"<td>{_ms(e['ms'])}</td><td>{e['share']:.1%}</td>")
+        p.append(f"<tr><td>{k + 1}</td>{''.join(cells)}</tr>")
+    p.append("</table><table><tr><th class=l>ONNX op kind</th>" + "".join(
+        f"<th>{escape(_runtime_label(k, s))} ms</th><th>share</th>" for k, s in sides.items())
+        + "</tr>")
+    for c in doc["by_category"]:
+        p.append(f"<tr><td class=l>{escape(c['category'])}</td>" + "".join(
+            f"<td>{_ms(c[k]['ms'])}</td><td>{c[k]['share']:.1%}</td>" if k in c
+            else "<td>-</td><td>-</td>" for k in sides) + "</tr>")
+    p.append("</table>")
+    return "\n".join(p)
+
+
+def render(summary: dict, results: dict, manifest: dict, profiles: dict | None = None) -> str:
     target = summary["target"]
     mach = summary["machine"]
     by_key = {(r["model"], r["abi"]): r for r in summary["artifacts"]}
@@ -297,6 +341,8 @@ def render(summary: dict, results: dict, manifest: dict) -> str:
                          f"<span class=mono>{escape(row['result'])}</span></p>")
                 p.append(split_svg(row))
                 p.append(distribution_svg(res))
+        if model in (profiles or {}):
+            p.append(profile_html(model, profiles[model]))
 
     if summary.get("variants"):
         p.append("<h2>Precision variants vs fp32</h2><p class=\"muted\">each variant's artifact "

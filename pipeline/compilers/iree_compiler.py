@@ -17,9 +17,15 @@ _ILLEGAL_OP = re.compile(r"failed to legalize operation 'torch\.operator'.*?name
 
 def compile_flags(config: dict) -> list[str]:
     """The iree-compile flags for an ABI config, without file names: the target's, the ABI's own
-    `flags`, then those of its workarounds."""
-    extra = [f for w in config.get("workarounds") or () for f in w["flags"]]
-    return _target_flags(config) + extra
+    `flags`, then those of the pinned config (`doit search`) and of its workarounds."""
+    return _target_flags(config) + extra_flags(config)
+
+
+def extra_flags(config: dict) -> list[str]:
+    """The flags added to the ABI's own: its pinned config's (`config`: {name, flags}, see
+    docs/configs.md), then its workarounds'."""
+    pinned = list((config.get("config") or {}).get("flags") or ())
+    return pinned + [f for w in config.get("workarounds") or () for f in w["flags"]]
 
 
 def _target_flags(config: dict) -> list[str]:
@@ -46,13 +52,13 @@ def unsupported_ops(log_text: str) -> list[str]:
 
 
 def attempts(config: dict) -> list[dict]:
-    """The flag sets a build tries, in order: the ABI's own flags and its workarounds' flags, then
-    each declared fallback (`fallbacks:` of the ABI in pipeline/targets/*.yaml) applied on its own
-    to them (a fallback may drop a workaround's flag: a model the flag breaks is then built
+    """The flag sets a build tries, in order: the ABI's own flags, its pinned config's and its
+    workarounds' flags, then each declared fallback (`fallbacks:` of the ABI in
+    pipeline/targets/*.yaml) applied on its own to them (a fallback may drop a workaround's flag: a model the flag breaks is then built
     without it, and validation decides). Each is {"flags": the extra flags of this attempt,
-    workarounds' included, "fallback": None or {drop, add, why}}; a fallback that gives the same
-    flags as an earlier attempt is left out."""
-    base = list(config["flags"]) + [f for w in config.get("workarounds") or () for f in w["flags"]]
+    the pinned config's and workarounds' included, "fallback": None or {drop, add, why}}; a
+    fallback that gives the same flags as an earlier attempt is left out."""
+    base = list(config["flags"]) + extra_flags(config)
     out, seen = [], set()
     for fb in [None, *(config.get("fallbacks") or ())]:
         flags = base if fb is None else [f for f in base if f not in fb["drop"]] + list(fb["add"])

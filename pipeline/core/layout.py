@@ -13,6 +13,11 @@
       reports/accuracy/<model>.<variant>/  the report of a failed accuracy gate (the step's own
                                        outputs are removed on failure; see accuracy.py)
       reports/bisect/<target>/<model>/<abi>/  `doit bisect`: the first wrong node and its repro
+      tuning/<target>/<abi>/<tvm version>/  the shared MetaSchedule database `doit tune` appends
+                                       to, every model of the ABI (see tvm_tune.py)
+      <target>/<model>/<abi>/tuning_curve.json  `doit tune curve=1`: trials vs latency (measured)
+      reports/profile/<target>/<model>/profile.json  `doit profile`: time per dispatch / kernel /
+                                       onnxruntime node, mapped to ONNX ops (measured, not built)
       .store/                          content-addressed step outputs (see store.py)
       .tmp/<pid>/<stage>/<step>/       scratch of a running step, per process (see lock.py)
       .lock                            the workspace lock a build holds (see lock.py)
@@ -82,6 +87,17 @@ class Layout:
     def bisect_report(self, target: str, model: str, abi: str) -> Path:
         """`doit bisect`: the first wrong node of a build, its standalone repro, the probes."""
         return self.root / "reports" / "bisect" / target / model / abi
+
+    def profile_report(self, target: str, model: str) -> Path:
+        """`doit profile`: where a model's artifacts and onnxruntime spend their time, per op."""
+        return self.root / "reports" / "profile" / target / model
+
+    def tuning_database(self, target: str, abi: str, tvm_version: str) -> Path:
+        """The shared MetaSchedule database of a TVM ABI: every model's tuning reads and appends."""
+        return self.root / "tuning" / target / abi / tvm_version
+
+    def tuning_curve(self, target: str, model: str, abi: str) -> Path:
+        return self.target_dir(target) / model / abi / "tuning_curve.json"
 
     def log(self, stage: str, step: str) -> Path:
         return self.root / "logs" / stage / f"{step.replace('/', '_').replace('@', '_')}.log"

@@ -1,10 +1,12 @@
 """The project: the layout, the validated specs, the loaded targets; and its steps per stage.
 
-Loading reads files only (the specs, the targets, the recorded compiler facts): no compiler or
-runtime is imported or run. What needs a tool is a step (op coverage is the `coverage` step).
+Loading reads files only (the specs, the targets, the recorded compiler facts, the configs
+`doit search` pinned in models/<m>/configs/): no compiler or runtime is imported or run. What
+needs a tool is a step (op coverage is the `coverage` step).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,8 +15,9 @@ from ..core.errors import SpecError
 from ..core.layout import Layout
 from ..core.steps import Step
 from ..core.store import use_memo
-from ..spec import TARGETS_DIR, ModelSpec, TargetSpec, known_targets, load_models, load_target
+from ..spec import TARGETS_DIR, ModelSpec, TargetSpec, display, known_targets, load_models, load_target
 from ..spec.ship import check_explicit
+from ..spec.target import load_pins
 from .stages import BY_NAME
 
 
@@ -25,6 +28,8 @@ class Project:
     targets: tuple[TargetSpec, ...]
     proxies: tuple = ()       # targets loaded only for their ABIs that proxy another's (choose)
     farm: dict = field(default_factory=dict)       # tracker=, key=, emulated= (doit tune)
+    configs: dict = field(default_factory=dict)    # (target, model, abi) -> the pinned config
+    pinned_slots: dict = field(default_factory=dict)  # (target, model) -> {slot: the pinned winner}
 
     def steps(self, stage: str) -> list[Step]:
         return BY_NAME[stage].module.steps(self)
@@ -45,6 +50,38 @@ def load_project(models: str | Path, artifacts: str | Path, target: str | None,
                      for p in s["proxies"].values()} - loaded)
     proxies = tuple(load_target(n, targets_dir) for n in wanted)
     problems += [p for t in targets + proxies for p in iree_targets.check_target(t)]
+    problems += check_configs_from(targets + proxies, targets_dir)
+    warnings: list[str] = []
+    configs, pinned_slots = load_pins(specs, targets + proxies, problems, warnings)
     if problems:
         raise SpecError(problems)
-    return Project(layout, specs, targets, proxies=proxies, farm=dict(farm or {}))
+    for line in warnings:
+        print(f"modelyard: warning: {line}", file=sys.stderr)
+    return Project(layout, specs, targets, proxies=proxies, farm=dict(farm or {}),
+                   configs=configs, pinned_slots=pinned_slots)
+
+
+def check_configs_from(targets, targets_dir: Path) -> list[str]:
+    """An ABI that follows another's pinned config (`configs_from: TARGET/ABI`) names an IREE
+    ABI of a known target that declares configs of the same names."""
+    problems, loaded = [], {t.name: t for t in targets}
+    for target in targets:
+        for abi in [a for a in target.abis if a.configs_from]:
+            where = f"{display(target.path)}: abis.{abi.name}.configs_from"
+            name, abi_name = abi.configs_from.split("/")
+            if name not in loaded:
+                if name not in known_targets(targets_dir):
+                    problems.append(f"{where}: no target {name!r} (known: "
+                                    f"{', '.join(known_targets(targets_dir))})")
+                    continue
+                loaded[name] = load_target(name, targets_dir)
+            source = next((a for a in loaded[name].abis if a.name == abi_name), None)
+            if source is None:
+                problems.append(f"{where}: target {name} has no IREE ABI {abi_name!r}")
+                continue
+            mine, theirs = [c["name"] for c in abi.configs], [c["name"] for c in source.configs]
+            if sorted(mine) != sorted(theirs):
+                problems.append(f"{where}: its configs ({', '.join(mine) or 'none'}) must have the "
+                                f"names of {abi.configs_from}'s ({', '.join(theirs) or 'none'}): "
+                                f"it is built with whichever of them the search pins there")
+    return problems

@@ -15,7 +15,9 @@ compiler: every shape binds every dim.
 Precision variants (`variants:`, pipeline/spec/variants.py: `<model>.int8`, ...) are made from the
 model's own shape only: a shape variant is fp32 (its calibration and evaluation data would have
 to fit its shape, which the spec does not declare). Likewise a model's TVM tuning budget and
-pinned database (`tvm:`) are for its own shape: a shape variant's TVM artifacts are untuned.
+pinned database (`tvm:`) are for its own shape: a shape variant's TVM artifacts are untuned;
+and its explicit compiler choices (`ship:`): a shape variant's choice follows its own figures
+(the target's policy, or what `doit search` pinned for it, docs/configs.md).
 """
 from __future__ import annotations
 
@@ -94,5 +96,6 @@ def expand(spec, shapes: dict) -> list:
                                        shape_of=spec.name, shape=vname, shapes=(),
                                        variants=(),  # precision variants: the model's own shape only
                                        tvm={},  # a TVM budget and database are for the model's shape
+                                       ship={},  # so is an explicit choice: a variant's follows its figures
                                        description=f"{spec.description} [shape {vname}: {shown}]"))
     return [dataclasses.replace(spec, shapes=tuple(v.name for v in out)), *out]

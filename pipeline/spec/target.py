@@ -1,4 +1,5 @@
-"""Target registry (pipeline/targets/*.yaml) -> frozen, validated TargetSpecs.
+"""Target registry (pipeline/targets/*.yaml) -> frozen, validated TargetSpecs; and the pins of
+the compiler configurations `doit search` chose among an ABI's `configs:` (docs/configs.md).
 
 Every problem found is collected and reported at once, naming the file and the key.
 """
@@ -43,6 +44,15 @@ class AbiSpec:
     vulkan_features: str | None = None
     fallbacks: tuple[dict, ...] = ()  # {drop, add, why}: flag sets tried in order when a build fails
     workarounds: tuple[dict, ...] = ()  # {name, flags, rewrites, why}: compiler bugs worked around
+    configs: tuple[dict, ...] = ()    # {name, flags, rewrites, why}: `doit search`'s candidates
+    configs_from: str | None = None   # TARGET/ABI whose pinned config this ABI is built with
+
+    def config(self, name: str) -> dict | None:
+        """The declared config of that name as {name, flags, rewrites}: "default" adds none."""
+        if name == DEFAULT_CONFIG:
+            return {"name": DEFAULT_CONFIG, "flags": (), "rewrites": ()}
+        return next(({"name": c["name"], "flags": c["flags"], "rewrites": c["rewrites"]}
+                     for c in self.configs if c["name"] == name), None)
 
     def compile_config(self) -> dict:
         extra = {"fallbacks": [dict(f) for f in self.fallbacks]} if self.fallbacks else {}
@@ -80,6 +90,7 @@ class TargetSpec:
 
 _ARCHES = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
 BACKENDS = ("llvm-cpu", "vulkan-spirv")
+DEFAULT_CONFIG = "default"   # the config that adds no flag to the ABI's own: always a candidate
 
 
 class CpuRunDoc(Doc):
@@ -113,7 +124,7 @@ class FallbackDoc(Doc):
 
 
 # Graph rewrites an ABI may declare as workarounds (pipeline/stages/abi_rewrites.py: REWRITES)
-ABI_REWRITES = ("depthwise_conv_as_dense",)
+ABI_REWRITES = ("depthwise_conv_as_dense", "conv_transpose_as_depth_to_space")
 
 
 class WorkaroundDoc(Doc):
@@ -128,6 +139,27 @@ class WorkaroundDoc(Doc):
     """graph rewrites applied to the static model first"""
     why: Annotated[str, Field(min_length=1)]
     """the bug: what goes wrong without it, and where it was found"""
+
+
+class ConfigDoc(Doc):
+    """A named set of iree-compile flags added to the ABI's own `flags`, and/or graph rewrites for
+    speed applied to the static model first: one candidate of `doit search` (docs/configs.md). A
+    build uses the one the model's pin names (none: no config)."""
+    name: Annotated[str, Field(pattern=NAME_RE.pattern), Says(
+        f"a config name must match {NAME_RE.pattern}, got {{input}}")]
+    """a short name, e.g. o3 or im2col ("default", no extra flag, is always a candidate)"""
+    flags: list[Annotated[str, Field(pattern=r"^--"), Says(
+        "expected an iree-compile flag (starting with --), got {input}")]] = []
+    """iree-compile flags added to the ABI's `flags` (before its workarounds' flags)"""
+    rewrites: list[Literal[ABI_REWRITES]] = []
+    """graph rewrites (pipeline/stages/abi_rewrites.py) applied to the static model, after the
+    ABI's workarounds' ones"""
+    why: Annotated[str, Field(min_length=1)]
+    """what it changes, and where it was seen to help"""
+
+
+TargetAbiRef = Annotated[str, Field(pattern=r"^[^/]+/[^/]+$"), Says(
+    "expected TARGET/ABI (e.g. host/cpu-x86_64), got {input}")]
 
 
 class CpuAbiDoc(Doc):
@@ -146,6 +178,12 @@ class CpuAbiDoc(Doc):
     """tried in order, each on its own, when iree-compile fails with `flags`"""
     workarounds: list[WorkaroundDoc] = []
     """compiler bugs worked around for this ABI (flags, graph rewrites)"""
+    configs: list[ConfigDoc] = []
+    """named flag sets `doit search` builds, validates and times per model, besides "default"
+    (no extra flag); the winner is pinned in models/<m>/configs/<target>.yaml and builds use it"""
+    configs_from: TargetAbiRef = None
+    """an ABI that cannot be timed here (aarch64) takes the config pinned for this host ABI
+    (e.g. host/cpu-x86_64): same config names, its own flags"""
     run: CpuRunDoc
 
 
@@ -234,12 +272,14 @@ def _abi(name: str, doc, where: str, problems: list):
         if not (w["flags"] or w["rewrites"]):
             problems.append(f"{where}.workarounds[{k}]: give flags or rewrites (what works around {w['name']!r})")
     if isinstance(doc, CpuAbiDoc):
+        configs = _configs(doc, where, problems)
         if not check_via(doc.arch, run.via, where, problems) or doc.cpu is None:
             return None
         return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
                        arch=doc.arch, triple=doc.triple or _ARCHES[doc.arch], cpu=doc.cpu,
                        cpu_features=tuple(doc.cpu_features or ()), fallbacks=fallbacks,
-                       workarounds=workarounds, run={"via": run.via, "device": run.device,
+                       workarounds=workarounds, configs=configs, configs_from=doc.configs_from,
+                       run={"via": run.via, "device": run.device,
                             **({"qemu_cpu": run.qemu_cpu or "max"} if run.via == "qemu" else {})})
     if run.via == "twin" and run.twin is None:
         problems.append(f"{where}.run.twin: name the Vulkan target of the runnable twin (e.g. llvmpipe)")
@@ -249,6 +289,40 @@ def _abi(name: str, doc, where: str, problems: list):
                    fallbacks=fallbacks, workarounds=workarounds,
                    run={"via": run.via, "driver": run.driver,
                         **({"twin": run.twin} if run.via == "twin" else {})})
+
+
+def _configs(doc: CpuAbiDoc, where: str, problems: list) -> tuple[dict, ...]:
+    """The ABI's candidate configs as {name, flags, why}: names unique and not "default", each a
+    flag set of its own, none repeating a flag the ABI's `flags` already give."""
+    out, names, sets = [], {}, {}
+    for k, c in enumerate(doc.configs or ()):
+        if c is None or None in (c.name, c.flags, c.rewrites, c.why):
+            continue  # reported by the document's check
+        cw = f"{where}.configs[{k}]"
+        if not (c.flags or c.rewrites):
+            problems.append(f"{cw}: give flags or rewrites (what config {c.name!r} changes)")
+            continue
+        if c.name == DEFAULT_CONFIG:
+            problems.append(f"{cw}.name: {DEFAULT_CONFIG!r} is the config without extra flags, "
+                            f"always a candidate: give this one another name")
+        elif c.name in names:
+            problems.append(f"{cw}.name: duplicate config {c.name!r} (also configs[{names[c.name]}])")
+        names.setdefault(c.name, k)
+        same = (sorted(set(c.flags)), list(c.rewrites))
+        if same in sets.values():
+            other = next(n for n, f in sets.items() if f == same)
+            problems.append(f"{cw}: the same flags and rewrites as config {other!r}")
+        sets.setdefault(c.name, same)
+        again = [f for f in c.flags if f in (doc.flags or ())]
+        if again:
+            problems.append(f"{cw}.flags: {', '.join(again)} already in the ABI's flags (a config "
+                            f"adds flags to them)")
+        out.append({"name": c.name, "flags": tuple(c.flags), "rewrites": tuple(c.rewrites),
+                    "why": " ".join(c.why.split())})
+    if doc.configs_from and not out:
+        problems.append(f"{where}.configs_from: declare the configs it follows (configs:, the "
+                        f"same names as {doc.configs_from}'s, with this ABI's flags)")
+    return tuple(out)
 
 
 def _fallbacks(doc, where: str, problems: list) -> tuple[dict, ...]:
@@ -262,3 +336,166 @@ def _fallbacks(doc, where: str, problems: list) -> tuple[dict, ...]:
             problems.append(f"{where}.fallbacks[{k}]: give drop or add (flags to leave out or add)")
         out.append({"drop": drop, "add": add, "why": f.why})
     return tuple(out)
+
+
+# ----------------------------------------------------------------------------- pins
+PIN_FORMAT = "modelyard.configs/1"
+
+
+def pin_path(model_dir: Path, target: str) -> Path:
+    """Where `doit search target=T` pins the configs of a model folder's models (the model and
+    its shape variants, each an entry of its own)."""
+    return Path(model_dir) / "configs" / f"{target}.yaml"
+
+
+class SearchedDoc(Doc):
+    """When, where and with what the search ran."""
+    date: str
+    machine: dict
+    tools: dict[str, str]
+    """the versions of the compilers and runtimes timed: a build warns when its compiler differs"""
+    window: dict
+    onnxruntime: Optional[dict] = None
+    """onnxruntime's p50 in the same rounds (the ratios' denominator)"""
+
+
+class PinnedAbiDoc(Doc):
+    """What `doit search` chose for one ABI of the model, and every candidate's figures."""
+    follows: Optional[str] = None
+    """(followers only) the TARGET/ABI whose candidates, fastest first, this ABI tried"""
+    config: Optional[str]
+    """the pinned config: builds add its flags (must still be declared, with the same flags);
+    null when no candidate validated (builds then add none)"""
+    flags: list[str]
+    """its flags, as the ABI declared them when searched"""
+    rewrites: list[str] = []
+    """its graph rewrites, as declared when searched"""
+    candidates: dict[str, dict]
+    """per candidate: its flags, status, and figures (p50, ratio to onnxruntime, max abs), or
+    where and why it failed"""
+
+
+class PinnedSlotDoc(Doc):
+    """The fastest validated ABI of a slot of the target, as measured."""
+    ships: str
+    reason: str
+    """the figures in words (the choose stage quotes it)"""
+    sha256: dict[str, str]
+    """ABI -> the artifact timed: the pin applies only to builds of those very bytes"""
+    figures: dict[str, dict]
+
+
+class PinnedModelDoc(Doc):
+    searched: SearchedDoc
+    abis: dict[str, PinnedAbiDoc] = {}
+    slots: dict[str, PinnedSlotDoc] = {}
+    followers: dict[str, PinnedAbiDoc] = {}
+    """TARGET/ABI -> the config pinned for an ABI that follows one of these (configs_from): the
+    fastest here that validated there"""
+
+
+class PinDoc(Doc):
+    """models/<m>/configs/<target>.yaml, written by `doit search target=<target>`."""
+    format: Literal[PIN_FORMAT]
+    target: str
+    models: dict[str, PinnedModelDoc]
+
+
+def read_pin(path: Path, target: str, problems: list) -> PinDoc | None:
+    """A pin file, checked; None (and problems) when it is not one for `target`."""
+    where = display(path)
+    raw = read_yaml(path, problems)
+    doc = None if raw is None else validate(PinDoc, raw, where, problems)
+    if doc is not None and doc.target is not None and doc.target != target:
+        problems.append(f"{where}: target: {doc.target!r}, but the file is the pin of {target!r}")
+        return None
+    return doc if doc is not None and doc.models is not None else None
+
+
+def load_pins(models, targets, problems: list, warnings: list) -> tuple[dict, dict]:
+    """The configs the models' pins choose, checked against the targets' declared configs:
+    ({(target, model, abi): {name, flags, rewrites, pin}},
+     {(target, model): {slot: {ships, reason, sha256}}}).
+    `pin` is the target whose search chose it: the ABI's own, or that of `configs_from`.
+
+    A pinned config that the ABI no longer declares, or declares with other flags, is a problem
+    (the build would not be what was measured); a pin searched with another compiler version is
+    a warning (its flags still build and are validated, only their ranking may be stale)."""
+    from ..core.tools import distribution_version
+    docs: dict = {}
+
+    def entry(model, target_name: str):
+        path = pin_path(model.dir, target_name)
+        if path not in docs:
+            docs[path] = read_pin(path, target_name, problems) if path.is_file() else None
+        doc = docs[path]
+        found = doc.models.get(model.name) if doc is not None else None
+        if found is not None and found.searched is not None and (path, model.name) not in docs:
+            docs[(path, model.name)] = True  # warned once
+            was, now = (found.searched.tools or {}).get("iree-base-compiler"), \
+                distribution_version("iree-base-compiler")
+            if was != now:
+                warnings.append(f"{display(path)}: {model.name} was searched with iree-base-compiler "
+                                f"{was}, this is {now}: the pinned configs still build and are "
+                                f"validated, but their ranking may be stale (doit search "
+                                f"target={target_name} model={model.name})")
+        return found
+
+    configs, slots = {}, {}
+    for target in targets:
+        for model in models:
+            own = entry(model, target.name)
+            for abi in target.abis:
+                source, name = (abi.configs_from.split("/") if abi.configs_from
+                                else (target.name, abi.name))
+                pinned = entry(model, source) if source != target.name else own
+                follower = f"{target.name}/{abi.name}"
+                own_pin = pinned is not None and follower in (pinned.followers or {})
+                if own_pin:  # what the search validated for this very ABI
+                    chosen, key = pinned.followers[follower], f"followers.{follower}"
+                else:
+                    chosen = (pinned.abis or {}).get(name) if pinned is not None else None
+                    key = f"abis.{name}"
+                if chosen is None or chosen.config is None:
+                    continue
+                where = f"{display(pin_path(model.dir, source))}: models.{model.name}.{key}"
+                hint = (f"search again (doit search target={source} model={model.name}), or "
+                        f"declare it in {display(target.path)}")
+                config = abi.config(chosen.config)
+                if config is None:
+                    declared = ", ".join([DEFAULT_CONFIG] + [c["name"] for c in abi.configs])
+                    problems.append(f"{where}.config: {chosen.config!r} is not a config of "
+                                    f"{target.name}/{abi.name} (it declares: {declared}): {hint}")
+                elif ((source == target.name or own_pin)
+                      and (list(config["flags"]), list(config["rewrites"]))
+                      != (list(chosen.flags or ()), list(chosen.rewrites or ()))):
+                    problems.append(f"{where}.flags: config {chosen.config!r} was measured with "
+                                    f"flags {chosen.flags} and rewrites {chosen.rewrites or []}, "
+                                    f"{display(target.path)} now declares "
+                                    f"{list(config['flags'])} and {list(config['rewrites'])}: the "
+                                    f"build would not be what was measured: {hint}")
+                else:
+                    configs[(target.name, model.name, abi.name)] = {
+                        "name": config["name"], "flags": list(config["flags"]),
+                        "rewrites": list(config["rewrites"]), "pin": source}
+            if own is None:
+                continue
+            for abi in target.tvm_abis:
+                chosen = (own.abis or {}).get(abi.name)
+                if chosen is not None and chosen.config not in (None, DEFAULT_CONFIG):
+                    problems.append(f"{display(pin_path(model.dir, target.name))}: models."
+                                    f"{model.name}.abis.{abi.name}.config: a TVM ABI has no "
+                                    f"configs, only {DEFAULT_CONFIG!r}")
+            known = {s["name"]: s for s in target.ship}
+            for slot, body in (own.slots or {}).items():
+                sw = f"{display(pin_path(model.dir, target.name))}: models.{model.name}.slots.{slot}"
+                if body is None or body.ships is None:
+                    continue
+                if slot not in known or body.ships not in known[slot]["abis"]:
+                    problems.append(f"{sw}: {body.ships!r} is not an ABI of slot {slot!r} of "
+                                    f"{target.name} any more: search again (doit search "
+                                    f"target={target.name} model={model.name})")
+                    continue
+                slots.setdefault((target.name, model.name), {})[slot] = {
+                    "ships": body.ships, "reason": body.reason, "sha256": dict(body.sha256 or {})}
+    return configs, slots

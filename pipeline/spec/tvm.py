@@ -12,11 +12,18 @@ A TVM ABI is declared in the target's YAML next to the IREE ones, with `compiler
       run: {via: qemu, qemu_cpu: cortex-a76}    # or {via: python} for x86_64
       tune: {tracker: 127.0.0.1:9190, key: rk3588}   # optional: where `doit tune` measures
 
-A model's tuning budget and pinned database (pipeline/stages/tvm_tune.py):
+A model's tuning budget (pipeline/stages/tvm_tune.py, docs/tuning.md):
 
     tvm:
       tune: {host: {trials: 108, per_task: 2, in_build: false}}
-      database: {host: tuning/host}
+      database: {host: tuning/host}     # optional: a database pinned for this model alone
+
+The shared pinned database of a TVM ABI, every model's (records keyed by workload, reused by
+every model with the same kernels), lives in the models folder, in no model's (a dot folder is
+no model: the spec loader skips it):
+
+    models/.tuning/<target>/<abi>/  database_workload.json, database_tuning_record.json,
+                                    database.json (TVM target and versions, dry workloads)
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ from .common import Doc, Says, check_via, inside, links_out
 
 DATABASE = ("database_workload.json", "database_tuning_record.json")
 DATABASE_FILES = (*DATABASE, "tune.json")   # what a pinned database folder holds
+SHARED_DATABASE_FILES = (*DATABASE, "database.json")   # what the shared pinned database holds
+SHARED_DATABASE_DIR = ".tuning"                          # in the models folder
 _ARCHES = {"aarch64": ("aarch64-linux-gnu", "aarch64-linux-gnu-g++"),
            "x86_64": ("x86_64-linux-gnu", "g++")}
 
@@ -113,6 +122,13 @@ def parse_abi(name: str, doc: TvmAbiDoc, where: str, problems: list) -> TvmAbi |
     return TvmAbi(name=name, arch=doc.arch, triple=doc.triple or _ARCHES[doc.arch][0],
                   cpu=doc.cpu, cpu_features=tuple(doc.cpu_features), num_cores=doc.num_cores,
                   run=run_cfg, tune=doc.tune.model_dump(exclude_none=True) if doc.tune else {})
+
+
+def shared_database(models_dir: Path, target: str, abi: str) -> Path:
+    """The shared pinned database of a TVM ABI, `.tuning/<target>/<abi>/` in the models folder
+    (whatever reads the models folder, the no-op build's fingerprint included, sees it), whether
+    or not it exists yet."""
+    return Path(models_dir) / SHARED_DATABASE_DIR / target / abi
 
 
 # ----------------------------------------------------------------------------- model.yaml

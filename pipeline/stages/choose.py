@@ -15,8 +15,14 @@ and the policy that picks it:
                    Native ABIs (run.via python) are their own proxies; an aarch64 ABI needs a
                    host ABI of the same compiler as `proxies`. When it cannot measure, it says
                    why in the reason and ships by the declared order (never silently).
-A model can override both with an explicit choice: `ship: {rk3588: {cpu: cpu-aarch64-tvm}}`
-in its model.yaml. A candidate skipped by op coverage is not a candidate.
+  pinned           (not declared: it comes first when it applies) the slot's fastest validated
+                   ABI as `doit search` measured it and pinned it in models/<m>/configs/<target>.yaml
+                   (pipeline/stages/config_search.py); it applies only while the candidates are the
+                   very bytes that were timed (their sha256s), else the reason says why not and the
+                   slot's policy decides. No timing happens in the build.
+A model can override all of them with an explicit choice: `ship: {rk3588: {cpu: cpu-aarch64-tvm}}`
+in its model.yaml (a shape variant does not inherit its model's: its figures are its own). A
+candidate skipped by op coverage is not a candidate.
 
 choice.json (and the manifest's `models[m]["choice"]`) says, per slot, what shipped, by which
 policy, why, and the figures (validation errors, size, and the measured p50s when measured).
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.steps import StageConfig, Step
-from ..core.store import pretty_json
+from ..core.store import pretty_json, sha256_file
 from ..core.tools import python_module_argv, run_tool
 from ..spec.ship import POLICIES
 from .coverage import ops_text
@@ -54,6 +60,7 @@ class Slot(StageConfig):
     explicit: str | None            # the model spec's own choice
     proxy_of: dict                  # fastest-on-host: candidate -> {name: target/abi, format}
     golden_inputs: tuple[str, ...]  # the golden input files the proxies are timed on
+    pinned: dict | None = None      # `doit search`'s winner: {ships, reason, sha256: {abi: sha256}}
 
     def problems(self):
         if self.policy not in POLICIES:
@@ -65,6 +72,15 @@ class Slot(StageConfig):
         timed = self.policy == "fastest-on-host" and len(self.candidates) > 1
         if sorted(self.proxy_of) != (sorted(self.candidates) if timed else []):
             yield f"slot {self.name}: proxy_of names a host proxy for each candidate a fastest-on-host slot times, only"
+        if self.pinned is not None and (set(self.pinned) != {"ships", "reason", "sha256"}
+                                        or self.pinned["ships"] not in self.order):
+            yield f"slot {self.name}: pinned is {{ships, reason, sha256}}, ships an ABI of the slot"
+
+    def as_key(self) -> dict:
+        key = super().as_key()
+        if self.pinned is None:  # the key of a slot without a pin is what it was before pins
+            del key["pinned"]
+        return key
 
 
 @dataclass(frozen=True)
@@ -89,23 +105,46 @@ def run(ctx) -> None:
     for slot in cfg.slots:
         candidates = list(slot.candidates)
         entry = {"candidates": candidates, "policy": slot.policy, "skipped": slot.skipped}
+        pinned = slot.pinned if len(candidates) > 1 and not slot.explicit else None
+        stale = _stale(ctx, slot) if pinned else None
         if not candidates:
             entry.update(ships=None, reason="no candidate: every ABI of the slot was skipped")
         elif slot.explicit:
             entry.update(ships=slot.explicit, policy="explicit",
                          reason=f"explicit choice in the model spec (ship.{cfg.target}."
-                                f"{slot.name}: {slot.explicit})")
+                                f"{slot.name}: {slot.explicit})"
+                                + (f"; the search pinned {slot.pinned['ships']}"
+                                   if slot.pinned else ""))
         elif len(candidates) == 1:
             entry.update(ships=candidates[0], reason="the only candidate"
                          + (f" ({_skipped_text(slot.skipped)})" if slot.skipped else ""))
+        elif pinned and not stale:
+            entry.update(ships=pinned["ships"], policy="pinned",
+                         reason=f"pinned by doit search: {pinned['reason']}")
         elif slot.policy == "prefer":
             entry.update(ships=candidates[0],
                          reason=f"policy prefer: the first validated ABI in the declared order "
                                 f"[{', '.join(slot.order)}]")
         else:
             entry.update(_fastest(ctx, slot))
+        if stale:
+            entry["reason"] = f"the search's pin does not apply ({stale}); {entry['reason']}"
         slots[slot.name] = entry
     ctx.output("choice.json").write_text(pretty_json({"slots": slots}))
+
+
+def _stale(ctx, slot: Slot) -> str | None:
+    """Why the pinned winner does not speak for this build's candidates, or None when it does:
+    the winner must be a candidate, and every candidate the pin timed must be the bytes it timed."""
+    if slot.pinned["ships"] not in slot.candidates:
+        return f"it pinned {slot.pinned['ships']}, not a candidate of this build"
+    changed = [abi for abi in slot.candidates if abi in slot.pinned["sha256"]
+               and sha256_file(ctx.input(f"artifact:{abi}")) != slot.pinned["sha256"][abi]]
+    missing = [abi for abi in slot.candidates if abi not in slot.pinned["sha256"]]
+    if changed or missing:
+        return ("the search timed other bytes of " + ", ".join(changed + missing)
+                + ": search again (doit search)")
+    return None
 
 
 def _skipped_text(skipped: dict) -> str:
@@ -187,10 +226,16 @@ def choose_step(project, model, target) -> Step:
                 proxy_of[name] = {"name": ref, "format": files["format"]}
             inputs.update(golden_files(layout, model))
         explicit = model.ship.get(target.name, {}).get(slot["name"])
+        pinned = project.pinned_slots.get((target.name, model.name), {}).get(slot["name"])
+        if pinned:  # the pin applies to the bytes it timed: choose compares their sha256s
+            for name in candidates:
+                inputs[f"artifact:{name}"] = _artifact_files(layout, target.name, model,
+                                                             by_name[name])["artifact"]
         slots.append(Slot(name=slot["name"], order=tuple(slot["abis"]), policy=slot["policy"],
                           candidates=tuple(candidates), skipped=skipped_abis, explicit=explicit,
                           proxy_of=proxy_of,
-                          golden_inputs=tuple(f"input_{i}.npy" for i in range(len(model.inputs)))))
+                          golden_inputs=tuple(f"input_{i}.npy" for i in range(len(model.inputs))),
+                          pinned=pinned))
     return Step(stage="choose", name=f"{target.name}/{model.name}", version=VERSION,
                 config=Config(target=target.name, slots=tuple(slots)), inputs=inputs,
                 outputs=OUTPUTS, out_dir=layout.target_model_stage(target.name, model.name, "choose"),
@@ -201,18 +246,26 @@ def choose_step(project, model, target) -> Step:
 
 
 # ----------------------------------------------------------------------------- the child
+LABELS = ("abi", "proxy", "config")  # what a timed item of a plan is called in the result
+
+
 def _runner(art: dict, threads: int):
-    from ..run.timing import IreeCpuRunner
+    """A callable timing one run: an IREE .vmfb, a TVM .so, or onnxruntime on an .onnx model
+    (format onnx, with its input names: the baseline `doit search` times the others against)."""
+    from ..run.timing import IreeCpuRunner, OnnxruntimeCpuRunner
     from ..run.tvm_run import TvmModule
     if art["format"] == "tvm-so":
         module = TvmModule(art["path"], art["entry"], threads=threads)
         return module.timed
-    runner = IreeCpuRunner(Path(art["path"]), art["entry"], "local-task", threads)
+    if art["format"] == "onnx":
+        return OnnxruntimeCpuRunner(Path(art["path"]), art["input_names"], threads)
+    runner = IreeCpuRunner(Path(art["path"]), art["entry"], art.get("device", "local-task"), threads)
     return lambda inputs: runner(inputs)
 
 
-def measure(plan: dict) -> dict:
-    """Round-robin the artifacts on the inputs (the first one of each round rotates)."""
+def measure(plan: dict, on_round=None) -> dict:
+    """Round-robin the artifacts on the inputs (the first one of each round rotates);
+    `on_round(rounds done, seconds)` after each round."""
     import os
     import numpy as np
     threads = len(os.sched_getaffinity(0))
@@ -230,8 +283,10 @@ def measure(plan: dict) -> dict:
             phases, _ = runners[i](inputs)
             samples[i].append(sum(phases.values()))
         rounds += 1
+        if on_round:
+            on_round(rounds, time.perf_counter() - start)
     return {"rounds": rounds, "threads": threads,
-            "artifacts": [{"abi": a["abi"], "proxy": a["proxy"],
+            "artifacts": [{**{k: a[k] for k in LABELS if k in a},
                            "p50_ms": round(float(np.median(s)) / 1e6, 6),
                            "min_ms": round(min(s) / 1e6, 6)}
                           for a, s in zip(plan["artifacts"], samples)]}

@@ -10,6 +10,11 @@ when iree-compile fails with its own flags (e.g. without --iree-opt-data-tiling)
 records every attempt (its flags, and the first `error:` line of those that failed) and, when
 one was used, the fallback and why. When every attempt fails, the error shows IREE's own
 diagnostics (`error:` and `note:` lines, the failing op), not the tail of an IR dump.
+
+Configs: an ABI may declare `configs:`, named flag sets `doit search` tries per model
+(pipeline/stages/config_search.py); the one pinned in models/<m>/configs/<target>.yaml is added
+to the ABI's flags (`config`: its name, flags, and the target whose search chose it), recorded in
+compile.json and the manifest. No pin: no config (the key is what it was without configs).
 """
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ class Config(StageConfig):
     precision: str | None = None         # a precision variant's: int8 | fp16
     fallbacks: tuple[dict, ...] = ()     # the ABI's declared fallbacks: {drop, add, why}, in order
     workarounds: tuple[dict, ...] = ()   # the ABI's compiler-bug workarounds: {name, flags, rewrites, why}
+    config: dict | None = None           # the pinned config (docs/configs.md): {name, flags, rewrites, pin}
 
     def problems(self):
         if self.compiler != "iree":
@@ -76,6 +82,14 @@ class Config(StageConfig):
                 yield f"a workaround is {{name, flags, rewrites, why}}, got {w!r}"
             elif unknown := [r for r in w["rewrites"] if r not in REWRITES]:
                 yield f"workaround {w['name']!r}: unknown rewrite(s) {', '.join(unknown)}"
+        if self.config is not None and (not isinstance(self.config, dict)
+                                        or set(self.config) != {"name", "flags", "rewrites", "pin"}
+                                        or not all(isinstance(f, str) for f in self.config["flags"])):
+            yield (f"a config is {{name, flags, rewrites, pin}} with flags a list of strings, "
+                   f"got {self.config!r}")
+        elif self.config is not None and (unknown := [r for r in self.config["rewrites"]
+                                                      if r not in REWRITES]):
+            yield f"config {self.config['name']!r}: unknown rewrite(s) {', '.join(unknown)}"
 
     def as_key(self) -> dict:
         """The ABI's compile config as the spec gives it, plus entry (and a variant's precision)."""
@@ -89,6 +103,8 @@ class Config(StageConfig):
             key["fallbacks"] = key_value(self.fallbacks)
         if self.workarounds:
             key["workarounds"] = key_value(self.workarounds)
+        if self.config is not None:
+            key["config"] = key_value(self.config)
         return key
 
 
@@ -97,8 +113,9 @@ def run(ctx) -> None:
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     mlir = ctx.scratch / "model.mlir"
     source, applied = ctx.input("model"), []
-    rewrites = [r for w in cfg.workarounds for r in w["rewrites"]]
-    if rewrites:  # the ABI's graph workarounds, on a copy of the static model
+    pinned = list((cfg.config or {}).get("rewrites") or ())
+    rewrites = [r for w in cfg.workarounds for r in w["rewrites"]] + pinned
+    if rewrites:  # the ABI's graph workarounds, then its pinned config's, on a copy of the model
         source = ctx.scratch / "model.onnx"
         applied = apply_rewrites(ctx.input("model"), rewrites, source)
     run_tool(import_argv(source, mlir), log=ctx.log, what="iree-import-onnx", **where)
@@ -109,8 +126,9 @@ def run(ctx) -> None:
     # the source file name in the artifact, which must not depend on where the build happens.
     tried, used = [], None
     for attempt in attempts(cfg.as_key()):
-        config = {**cfg.as_key(), "flags": attempt["flags"]}  # workarounds' flags included
+        config = {**cfg.as_key(), "flags": attempt["flags"]}  # config's, workarounds' included
         config.pop("workarounds", None)
+        config.pop("config", None)
         argv = compile_argv(find_compiler(), config, Path(mlir.name), vmfb)
         result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch,
                           **where)
@@ -130,6 +148,10 @@ def run(ctx) -> None:
         raise _failed(ctx, cfg, result, tried)
     report = {"compiler": "iree", "flags": compile_flags(config), "entry": cfg.entry,
               "size": vmfb.stat().st_size}
+    if cfg.config is not None:  # the pinned config (its flags are in `flags`, after the ABI's own)
+        report["config"] = {**cfg.config, "flags_used": all(f in used["flags"]
+                                                            for f in cfg.config["flags"]),
+                            "rewritten": applied[len(rewrites) - len(pinned):] if pinned else []}
     if cfg.workarounds:  # what each did: its flags are in `flags`, its rewrites touched these nodes
         report["workarounds"] = [{"name": w["name"], "why": w["why"], "flags": list(w["flags"]),
                                   "flags_used": all(f in used["flags"] for f in w["flags"]),
@@ -191,27 +213,32 @@ def steps(project) -> list:
     for model in project.models:
         for target in project.targets:
             for abi in [a for a in target.abis if built(project, model, target, a)]:
-                out.append(compile_step(layout, model, target, abi))
+                pinned = project.configs.get((target.name, model.name, abi.name))
+                out.append(compile_step(layout, model, target, abi, config=pinned))
                 if abi.run["via"] == "twin":
-                    out.append(compile_step(layout, model, target, abi, twin=True))
+                    out.append(compile_step(layout, model, target, abi, twin=True, config=pinned))
         for v in model.variants:
             out += variant_steps(layout, model, v, project.targets)
     for model in project.models:
         for target, abi in proxy_pairs(project):
             if compiler_of(abi) == "iree" and "iree" not in skipped(project, model, target):
-                out.append(compile_step(layout, model, target, abi))
+                out.append(compile_step(layout, model, target, abi,
+                                        config=project.configs.get((target.name, model.name, abi.name))))
     return out
 
 
-def compile_step(layout, model, target, abi, twin: bool = False) -> Step:
-    """The shipped artifact; or (twin=True) its runnable twin: same model and flags, another device."""
-    config = abi.twin_config() if twin else abi.compile_config()
+def compile_step(layout, model, target, abi, twin: bool = False, config: dict | None = None) -> Step:
+    """The shipped artifact; or (twin=True) its runnable twin: same model and flags, another
+    device. `config`: the pinned config ({name, flags, rewrites, pin}) added to the ABI's."""
+    abi_config = abi.twin_config() if twin else abi.compile_config()
     if abi.backend == "vulkan-spirv":
-        doc = f"IREE Vulkan SPIR-V for {config['vulkan_target']}" + (" (validation twin)" if twin else "")
+        doc = f"IREE Vulkan SPIR-V for {abi_config['vulkan_target']}" + (" (validation twin)" if twin else "")
     else:
         doc = f"IREE {abi.backend} for {abi.triple} ({abi.cpu})"
+    if config is not None:
+        doc += f", config {config['name']} (pinned by doit search target={config['pin']})"
     return Step(stage="iree_compile", name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
-                version=VERSION, config=Config(**config, entry=ENTRY),
+                version=VERSION, config=Config(**abi_config, entry=ENTRY, config=config),
                 inputs={"model": static_model(layout, model)}, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
                                               "twin_compile" if twin else "iree_compile"),

@@ -2,7 +2,8 @@
 
 artifacts/<target>/manifest.json lists, per model: the source (file, sha256), the I/O contract
 (names, shapes, dtypes of the compiled entry point), and per target ABI the artifact (path,
-sha256, size), the compile step's key and tool versions, and how it was validated (what ran,
+sha256, size), the compile step's key, flags (and the pinned config `doit search` chose, when a
+pin names one) and tool versions, and how it was validated (what ran,
 where, emulated or not, the error figures against the tolerance). Paths are relative to the
 artifacts folder; there are no timestamps: the same build gives the same bytes.
 A precision variant that passed its gate is an entry of its own, `<model>.<variant>`, with
@@ -137,7 +138,9 @@ def run(ctx) -> None:
                 "abi": abi,
                 "compile": {"step_key": compile_step["key"], "flags": compile_report["flags"],
                             "tools": compile_step["key_parts"]["tools"],
-                            **{k: compile_report[k] for k in ("workarounds",) if k in compile_report}},
+                            # the pinned config (doit search, docs/configs.md): name, flags, pin
+                            **{k: compile_report[k] for k in ("workarounds", "config")
+                               if k in compile_report}},
                 "requires": compile_report.get("requires", {}),
                 "validation": {"status": validation["status"], "executed": validation["executed"],
                                "shipped_bytes_executed": validation["shipped_bytes_executed"],
@@ -257,6 +260,8 @@ def _choice(doc: dict, artifacts: dict) -> dict:
                             "max_abs": max(r["max_abs"] for r in rows),
                             "min_cosine": min(r["cosine"] for r in rows),
                             "tuned": bool(art.get("tuning"))}
+            if art["compile"].get("config"):  # the pinned config it was built with
+                figures[abi]["config"] = art["compile"]["config"]["name"]
             if abi in measured:
                 figures[abi]["host_proxy"] = {k: measured[abi][k] for k in ("proxy", "p50_ms", "min_ms")}
         out[slot] = {"ships": entry["ships"], "policy": entry["policy"], "reason": entry["reason"],

@@ -249,7 +249,7 @@ def test_pinned_database_is_applied_and_refused_for_another_tvm_or_target(tuned,
     ws = Workspace(tmp_path / "pinned")
     shutil.copytree(ws0.models, ws.models, dirs_exist_ok=True)
     shutil.copytree(ws0.artifacts / ".store", ws.artifacts / ".store")  # the tuned database
-    pin = ws.doit("tune", "target=host", "pin=1", f"targets={targets}")
+    pin = ws.doit("tune", "target=host", "pin=model", f"targets={targets}")
     assert pin.returncode == 0, pin.stdout + pin.stderr
     assert "already tuned under this key" in pin.stdout and "pinned at " in pin.stdout
     folder = ws.models / "alpha/tuning/host"
@@ -295,10 +295,10 @@ def test_a_tuning_run_killed_midway_publishes_nothing(tmp_path, targets):
             f"targets={targets}", f"models={ws.models}", f"artifacts={ws.artifacts}"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, cwd=ws.root)
-    pattern = "*/tvm_tune/host__beta__cpu-x86_64-tvm/work/database_tuning_record.json"  # .tmp/<pid>/
+    pattern = "host/cpu-x86_64-tvm/*/database_tuning_record.json"  # the shared working database
 
     def recorded() -> bool:
-        return any(p.read_text().strip() for p in (ws.artifacts / ".tmp").glob(pattern))
+        return any(p.read_text().strip() for p in (ws.artifacts / "tuning").glob(pattern))
     deadline = time.time() + 900
     while time.time() < deadline and not recorded():
         time.sleep(0.5)
