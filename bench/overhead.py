@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", type=Path, default=REPO / "models",
                         help="models folder to copy (default: the repository's models/)")
     parser.add_argument("--model", default=None, help="model whose spec is edited (default: "
-                                                      "the first one by name)")
+                                                      "the first one with a dynamic dim)")
     parser.add_argument("--target", default="host")
     parser.add_argument("--jobs", type=int, default=2, help="the parallel cold build's doit "
                                                             "-n (default 2; 1 skips it)")
@@ -166,6 +166,9 @@ def main(argv=None) -> int:
         project = load_project(models, artifacts, args.target)
         before = _steps(project)
         _memo.save()
+        if args.model is None:  # the first model with a dynamic dim to rebind
+            model = next((m.name for m in project.models if "." not in m.name and any(
+                not isinstance(d, int) for i in m.signature["inputs"] for d in i["dims"])), model)
         signature = next(m.signature for m in project.models if m.name == model)
         what = edit_spec(models / model / "model.yaml", signature)
         expected = predicted_chain(models, artifacts, args.target, before)
