@@ -6,10 +6,16 @@ what it touched. The compile stage records which ran (compile.json, then the man
 validation checks the result like any artifact; tests/e2e/test_workarounds.py shows, per
 workaround, that the bug is still there without it (when it is not, the workaround can go).
 
-    depthwise_conv_as_dense    a depthwise Conv as a dense Conv with block-diagonal weights (C
-                               times the arithmetic): IREE 3.13's SPIR-V code for
+    depthwise_conv_as_slices   a depthwise Conv as zero borders (Concat) + per kernel tap a
+                               strided Slice times a per-channel weight, summed: the same
+                               arithmetic as elementwise ops. IREE 3.13's SPIR-V code for
                                vp_android_baseline_2022 computes depthwise convolutions wrong
-                               (3x3 and 5x5, strides [2,1] and [1,1]); its dense convs are right
+                               (3x3 and 5x5, strides [2,1] and [1,1]); this form of the 3x3 ones
+                               is right there (`depthwise_conv3x3_as_slices`), and on CPUs it
+                               is faster than IREE's own depthwise code (a search candidate)
+    depthwise_conv_as_dense    a depthwise Conv as zero borders (Concat) + a dense Conv with
+                               block-diagonal weights (C times the arithmetic): right on that
+                               target for the 5x5 ones, whose Slice form is wrong
     conv_transpose_as_depth_to_space
                                a ConvTranspose with kernel == stride (the k x k upsampling of
                                FPN/DB heads) as a 1x1 Conv + DepthToSpace: for speed, IREE lowers
@@ -32,36 +38,180 @@ def _attr(node, name, default):
     return default
 
 
-def depthwise_conv_as_dense(model) -> list[str]:
-    """Rewrite every depthwise 2-D Conv (group == channels, one filter per channel) as a dense
-    Conv (group 1) whose weights are zero off the diagonal: the same numbers, channels times the
-    arithmetic. Returns the names of those rewritten."""
-    import numpy as np
-    from onnx import numpy_helper
+def _pads(node, x_hw, y_hw, kernel, strides, dilations) -> list[int] | None:
+    """[top, left, bottom, right] of a 2-D Conv, explicit or from its auto_pad (None: unknown)."""
+    mode = _attr(node, "auto_pad", b"NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "NOTSET":
+        return list(_attr(node, "pads", [0, 0, 0, 0]))
+    if mode == "VALID":
+        return [0, 0, 0, 0]
+    total = [max((o - 1) * s + (k - 1) * d + 1 - i, 0)
+             for i, o, k, s, d in zip(x_hw, y_hw, kernel, strides, dilations)]
+    small = [t // 2 for t in total]
+    big = [t - h for t, h in zip(total, small)]
+    if mode == "SAME_UPPER":
+        return [small[0], small[1], big[0], big[1]]
+    if mode == "SAME_LOWER":
+        return [big[0], big[1], small[0], small[1]]
+    return None
 
+
+class _Depthwise:
+    """One static-shape depthwise 2-D Conv of a graph (group == channels, one filter each)."""
+
+    def __init__(self, k, node, weight, bias, x_shape, y_shape, pads):
+        self.k, self.node, self.weight, self.bias = k, node, weight, bias
+        self.x_shape, self.y_shape, self.pads = x_shape, y_shape, pads
+        self.name = node.name or f"node {k}"
+        self.prefix = f"{node.output[0]}__dw"
+
+
+def _depthwise_convs(model, max_kernel: int | None = None) -> dict[int, _Depthwise]:
+    """The depthwise Convs the rewrites below can take, by node index: known input and output
+    shapes, constant weights (and bias), a kernel at most max_kernel wide."""
+    from onnx import numpy_helper, shape_inference
+    known = shape_inference.infer_shapes(model)
+    shapes = {}
+    for v in list(known.graph.value_info) + list(known.graph.input) + list(known.graph.output):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        if dims and None not in dims:
+            shapes[v.name] = dims
     inits = {i.name: i for i in model.graph.initializer}
-    uses = {}
-    for n in model.graph.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
-    done = []
+    found = {}
     for k, node in enumerate(model.graph.node):
-        w = inits.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
-        if w is None or uses.get(node.input[1], 0) != 1:
+        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits:
             continue
-        weight = numpy_helper.to_array(w)
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        has_bias = len(node.input) > 2 and node.input[2]
+        bias = numpy_helper.to_array(inits[node.input[2]]) if has_bias and node.input[2] in inits else None
+        x_shape, y_shape = shapes.get(node.input[0]), shapes.get(node.output[0])
         group = _attr(node, "group", 1)
-        if weight.ndim != 4 or weight.shape[1] != 1 or group != weight.shape[0] or group == 1:
+        if (x_shape is None or y_shape is None or len(x_shape) != 4 or weight.ndim != 4
+                or weight.shape[1] != 1 or group == 1 or group != x_shape[1] or weight.shape[0] != group
+                or (max_kernel and max(weight.shape[2:]) > max_kernel) or (has_bias and bias is None)):
             continue
-        c = weight.shape[0]
-        dense = np.zeros((c, c) + weight.shape[2:], weight.dtype)
-        dense[np.arange(c), np.arange(c)] = weight[:, 0]
-        w.CopyFrom(numpy_helper.from_array(dense, w.name))
-        for a in node.attribute:
-            if a.name == "group":
-                a.i = 1
-        done.append(node.name or f"node {k}")
-    return done
+        pads = _pads(node, x_shape[2:], y_shape[2:], weight.shape[2:], _attr(node, "strides", [1, 1]),
+                     _attr(node, "dilations", [1, 1]))
+        if pads is not None:
+            found[k] = _Depthwise(k, node, weight, bias, x_shape, y_shape, pads)
+    return found
+
+
+def _zero_borders(conv: _Depthwise, nodes: list, const) -> str:
+    """Append the Concats that put conv's zero padding around its input; returns the padded
+    tensor's name. Concat, not Pad (nor the Conv's own pads): IREE 3.13 fuses a padding into its
+    producer's store and gets the offsets wrong on the Vulkan targets (the pad-fusion bug of
+    docs/vulkan.md; cls's 5x5 depthwise Conv after a Div, `doit bisect`)."""
+    import numpy as np
+    pt, pl, pb, pr = conv.pads
+    padded, size = conv.node.input[0], list(conv.x_shape)
+    for axis, before, after in ((2, pt, pb), (3, pl, pr)):
+        if not (before or after):
+            continue
+        parts = []
+        if before:
+            parts.append(const(f"{conv.prefix}_zero{axis}b",
+                               np.zeros([*size[:axis], before, *size[axis + 1:]], conv.weight.dtype)))
+        parts.append(padded)
+        if after:
+            parts.append(const(f"{conv.prefix}_zero{axis}a",
+                               np.zeros([*size[:axis], after, *size[axis + 1:]], conv.weight.dtype)))
+        out = f"{conv.prefix}_padded{axis}"
+        nodes.append(__import__("onnx").helper.make_node("Concat", parts, [out], name=f"{conv.name}__pad{axis}",
+                                                         axis=axis))
+        padded, size[axis] = out, size[axis] + before + after
+    return padded
+
+
+def _rewrite_depthwise(model, max_kernel, replace) -> list[str]:
+    """Replace each depthwise Conv found by `replace(conv, padded_input, nodes, const)`, which
+    appends the nodes that compute conv.node.output[0]; returns the names of those replaced."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    found = _depthwise_convs(model, max_kernel)
+    if not found:
+        return []
+    nodes, consts = [], []
+
+    def const(name, array):
+        consts.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    for k, node in enumerate(model.graph.node):
+        if k in found:
+            replace(found[k], _zero_borders(found[k], nodes, const), nodes, const)
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(consts)
+    used = {i for n in model.graph.node for i in n.input}
+    keep = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    onnx.checker.check_model(model)
+    return [found[k].name for k in sorted(found)]
+
+
+def depthwise_conv_as_dense(model) -> list[str]:
+    """Rewrite every depthwise 2-D Conv (group == channels, one filter per channel) as zero
+    borders (Concat) + an unpadded dense Conv (group 1) whose weights are zero off the
+    diagonal: the same numbers, channels times the arithmetic. Returns the names of those
+    rewritten."""
+    import numpy as np
+    from onnx import helper
+
+    def dense(conv, padded, nodes, const):
+        c = conv.weight.shape[0]
+        weight = np.zeros((c, c) + conv.weight.shape[2:], conv.weight.dtype)
+        weight[np.arange(c), np.arange(c)] = conv.weight[:, 0]
+        inputs = [padded, const(f"{conv.prefix}_dense", weight)]
+        if conv.bias is not None:
+            inputs.append(const(f"{conv.prefix}_bias", conv.bias))
+        nodes.append(helper.make_node(
+            "Conv", inputs, list(conv.node.output), name=f"{conv.name}__dense",
+            kernel_shape=list(conv.weight.shape[2:]), strides=list(_attr(conv.node, "strides", [1, 1])),
+            dilations=list(_attr(conv.node, "dilations", [1, 1]))))
+    return _rewrite_depthwise(model, None, dense)
+
+
+def depthwise_conv_as_slices(model, max_kernel: int | None = None) -> list[str]:
+    """Rewrite every depthwise 2-D Conv (with a kernel at most max_kernel wide) as zero borders
+    (Concat) + one strided Slice times a per-channel weight per kernel tap + Sum (+ bias): the
+    same arithmetic as the Conv, as elementwise ops. Returns the names of those rewritten."""
+    import numpy as np
+    from onnx import helper
+
+    def slices(conv, padded, nodes, const):
+        c, kh, kw = conv.weight.shape[0], conv.weight.shape[2], conv.weight.shape[3]
+        sh, sw = _attr(conv.node, "strides", [1, 1])
+        dh, dw = _attr(conv.node, "dilations", [1, 1])
+        oh, ow = conv.y_shape[2:]
+        axes = const(f"{conv.prefix}_axes", np.array([2, 3], np.int64))
+        steps = const(f"{conv.prefix}_steps", np.array([sh, sw], np.int64))
+        terms = []
+        for i in range(kh):
+            for j in range(kw):
+                top, left, tap = i * dh, j * dw, f"{conv.prefix}_tap{i}_{j}"
+                starts = const(f"{tap}_starts", np.array([top, left], np.int64))
+                ends = const(f"{tap}_ends", np.array([top + (oh - 1) * sh + 1, left + (ow - 1) * sw + 1], np.int64))
+                nodes.append(helper.make_node("Slice", [padded, starts, ends, axes, steps], [tap],
+                                              name=f"{conv.name}__tap{i}_{j}"))
+                scale = const(f"{tap}_w", conv.weight[:, 0, i, j].reshape(1, c, 1, 1))
+                nodes.append(helper.make_node("Mul", [tap, scale], [f"{tap}_x"], name=f"{conv.name}__mul{i}_{j}"))
+                terms.append(f"{tap}_x")
+        if conv.bias is not None:
+            terms.append(const(f"{conv.prefix}_bias", conv.bias.reshape(1, c, 1, 1)))
+        nodes.append(helper.make_node("Sum", terms, list(conv.node.output), name=f"{conv.name}__sum"))
+    return _rewrite_depthwise(model, max_kernel, slices)
+
+
+def depthwise_conv3x3_as_slices(model) -> list[str]:
+    """depthwise_conv_as_slices for kernels up to 3x3: on vp_android_baseline_2022 the Slice form
+    of a 5x5 one is wrong too at stride 1 in W (lavapipe and an NVIDIA H200, IREE 3.13)."""
+    return depthwise_conv_as_slices(model, max_kernel=3)
 
 
 def conv_transpose_as_depth_to_space(model) -> list[str]:
@@ -125,6 +275,8 @@ def conv_transpose_as_depth_to_space(model) -> list[str]:
 
 
 REWRITES = {"depthwise_conv_as_dense": depthwise_conv_as_dense,
+            "depthwise_conv3x3_as_slices": depthwise_conv3x3_as_slices,
+            "depthwise_conv_as_slices": depthwise_conv_as_slices,
             "conv_transpose_as_depth_to_space": conv_transpose_as_depth_to_space}
 
 

@@ -58,27 +58,27 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
 
 
 def test_default_models_record_their_vulkan_decisions(tmp_path):
-    """With the real registry: every default model ships the Mali build (twin-validated; the
-    classifier thanks to the ABI's pad-fusion workaround), none the baseline build (wrong: on a
-    real GPU for the detector, for the classifier even with the depthwise workaround; too slow
-    to validate on lavapipe for face_landmark)."""
+    """With the real registry: every default model builds the Mali build (twin-validated; the
+    classifier thanks to the ABI's pad-fusion workaround); the detector and face_landmark also
+    the baseline build (validated as is on lavapipe, with the ABI's depthwise workaround), the
+    classifier and its shape variant skip it, naming the op wrong on a real GPU."""
     proj = load_project(REPO / "models", tmp_path / "artifacts", "rk3588")
     steps = {s.name for s in proj.steps("iree_compile")}
-    assert "rk3588/ppocr_det/vulkan-mali-g610" in steps
-    assert "rk3588/ppocr_det/vulkan-mali-g610/twin" in steps
-    assert "rk3588/ppocr_det/vulkan-baseline" not in steps
-    assert {"rk3588/ppocr_cls/vulkan-mali-g610", "rk3588/ppocr_cls/vulkan-mali-g610/twin"} <= steps
-    assert "rk3588/ppocr_cls/vulkan-baseline" not in steps
     specs = {m.name: m for m in proj.models}
-    assert "wrong without an error on a real" in specs["ppocr_det"].skip_reason("vulkan-baseline")
-    assert "node 114" in specs["ppocr_det"].skip_reason("vulkan-baseline")
-    assert "doit bisect" in specs["ppocr_cls"].skip_reason("vulkan-baseline")
-    assert specs["ppocr_cls"].skip_reason("vulkan-mali-g610") is None
-    # face_landmark: the Mali build (its twin validates on lavapipe in minutes); the baseline
-    # build is right on a real GPU but too slow on lavapipe to validate here, and says so
-    assert {"rk3588/face_landmark/vulkan-mali-g610", "rk3588/face_landmark/vulkan-mali-g610/twin"} <= steps
-    assert "rk3588/face_landmark/vulkan-baseline" not in steps
-    assert "not validated here" in specs["face_landmark"].skip_reason("vulkan-baseline")
+    for name in ("ppocr_det", "ppocr_cls", "ppocr_cls.48x320", "face_landmark"):
+        assert {f"rk3588/{name}/vulkan-mali-g610", f"rk3588/{name}/vulkan-mali-g610/twin"} <= steps, name
+        assert specs[name].skip_reason("vulkan-mali-g610") is None
+    for name in ("ppocr_det", "face_landmark"):
+        assert f"rk3588/{name}/vulkan-baseline" in steps
+        assert f"rk3588/{name}/vulkan-baseline/twin" not in steps  # runs as is on lavapipe
+        assert specs[name].skip_reason("vulkan-baseline") is None, name
+    for name in ("ppocr_cls", "ppocr_cls.48x320"):
+        assert f"rk3588/{name}/vulkan-baseline" not in steps
+        assert "node 108" in specs[name].skip_reason("vulkan-baseline")
+        assert "NVIDIA H200" in specs[name].skip_reason("vulkan-baseline")
+    baseline = next(a for t in proj.targets for a in t.abis if a.name == "vulkan-baseline")
+    assert [r for w in baseline.workarounds for r in w["rewrites"]] == [
+        "depthwise_conv3x3_as_slices", "depthwise_conv_as_dense"]
     # a twin-validated build can only be released under a waiver: every model that ships one has it
     for name in ("ppocr_cls", "ppocr_cls.48x320", "ppocr_det", "face_landmark"):
         waived = {(w["abi"], w["status"]) for w in specs[name].release.get("waivers", [])}
@@ -86,5 +86,6 @@ def test_default_models_record_their_vulkan_decisions(tmp_path):
     (manifest_step,) = proj.steps("manifest")
     cfg = {m["name"]: m for m in manifest_step.config["models"]}
     assert sorted(cfg["ppocr_cls"]["skipped"]) == ["vulkan-baseline"]
+    assert cfg["ppocr_det"]["skipped"] == cfg["face_landmark"]["skipped"] == {}
     mali = next(a for t in proj.targets for a in t.abis if a.name == "vulkan-mali-g610")
     assert [w["name"] for w in mali.workarounds] == ["pad-fusion"]

@@ -102,3 +102,59 @@ def test_iree_still_imports_depth_to_space_crd_wrong(tmp_path):
         errors[mode] = float(np.abs(iree_run(model, x, folder) - ort_run(model, x)).max())
     assert errors["DCR"] == 0.0
     assert errors["CRD"] > 1.0, errors
+
+
+def depthwise_model(kernel: int, strides, bias: bool, auto_pad: str | None = None, seed: int = 0):
+    """x[1, 8, 9, 11] -> Relu -> depthwise Conv (kernel x kernel) -> Relu"""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 1, kernel, kernel)).astype(np.float32), "W")]
+    inputs = ["r", "W"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B"))
+        inputs.append("B")
+    pad = {"auto_pad": auto_pad} if auto_pad else {"pads": [kernel // 2, kernel // 2 - 1 + kernel % 2, kernel // 2, 0]}
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Conv", inputs, ["t"], name="dw", group=8, kernel_shape=[kernel, kernel],
+                              strides=list(strides), **pad),
+             helper.make_node("Relu", ["t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 11])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    return model
+
+
+DW_X = np.random.default_rng(8).standard_normal((1, 8, 9, 11)).astype(np.float32)
+
+
+@pytest.mark.parametrize("rewrite", ["depthwise_conv_as_slices", "depthwise_conv_as_dense"])
+@pytest.mark.parametrize("kernel,strides,bias,auto_pad", [(3, (1, 1), True, None), (3, (2, 1), False, None),
+                                                          (5, (2, 2), True, None), (3, (2, 2), True, "SAME_UPPER"),
+                                                          (5, (1, 2), False, "SAME_LOWER"), (3, (1, 1), True, "VALID")])
+def test_depthwise_rewrites_are_the_same_function(rewrite, kernel, strides, bias, auto_pad, tmp_path):
+    """The depthwise forms (the baseline Vulkan workaround; the Slice form is also a CPU speed
+    candidate): onnxruntime and IREE's host build of the rewritten graph agree with the Conv,
+    explicit, asymmetric and automatic padding alike."""
+    from pipeline.stages.abi_rewrites import REWRITES
+    model = depthwise_model(kernel, strides, bias, auto_pad)
+    expected = ort_run(model, DW_X)
+    assert REWRITES[rewrite](model) == ["dw"]
+    ops = {n.op_type for n in model.graph.node}
+    assert ("Slice" in ops and "Sum" in ops) if rewrite.endswith("slices") else ("Conv" in ops)
+    conv = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert all(a.i == 1 for n in conv for a in n.attribute if a.name == "group")
+    assert not [a for n in conv for a in n.attribute if a.name == "pads" and any(a.ints)]  # borders by Concat
+    tol = 1e-5 * np.abs(expected).max()
+    assert np.abs(ort_run(model, DW_X) - expected).max() <= tol
+    assert np.abs(iree_run(model, DW_X, tmp_path) - expected).max() <= tol
+
+
+def test_depthwise_conv3x3_as_slices_leaves_larger_kernels_alone():
+    from pipeline.stages.abi_rewrites import depthwise_conv3x3_as_slices
+    model = depthwise_model(5, (1, 1), True)
+    before = model.SerializeToString()
+    assert depthwise_conv3x3_as_slices(model) == []
+    assert model.SerializeToString() == before
+    assert depthwise_conv3x3_as_slices(depthwise_model(3, (1, 1), True)) == ["dw"]

@@ -65,23 +65,37 @@ def test_bisect_names_the_depthwise_conv_the_baseline_target_gets_wrong(tmp_path
     assert clean.returncode == 0 and "matches onnxruntime" in clean.stdout, clean.stdout + clean.stderr
 
 
-def depthwise_model(models, name="dw", channels=24, kernel=3, strides=(2, 1)) -> None:
+def depthwise_model(models, name="dw", channels=24, kernel=3, strides=(2, 1), pointwise=False,
+                    dense=False, h=12) -> None:
     """One depthwise Conv, as in the PP-OCR classifier: the smallest graph the baseline Vulkan
-    target computes wrong."""
+    target computes wrong; `pointwise`: after a 1x1 Conv and a Relu (a MobileNet block); `dense`:
+    the same function as a padded dense Conv with block-diagonal weights."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from conftest import sha256, write_spec
     rng = np.random.default_rng(0)
     pad = kernel // 2
-    h, w = 12, 96
+    w = 96
     oh, ow = (h + 2 * pad - kernel) // strides[0] + 1, (w + 2 * pad - kernel) // strides[1] + 1
+    nodes, weights, x = [], [], "x"
+    if pointwise:
+        nodes += [helper.make_node("Conv", ["x", "pw"], ["p"], kernel_shape=[1, 1]),
+                  helper.make_node("Relu", ["p"], ["r"])]
+        weights.append(numpy_helper.from_array(
+            (0.3 * rng.standard_normal((channels, channels, 1, 1))).astype(np.float32), "pw"))
+        x = "r"
+    kernel_weights = rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32)
+    if dense:
+        full = np.zeros((channels, channels, kernel, kernel), np.float32)
+        full[np.arange(channels), np.arange(channels)] = kernel_weights[:, 0]
+        kernel_weights = full
+    nodes.append(helper.make_node("Conv", [x, "w", "b"], ["y"], group=1 if dense else channels,
+                                  kernel_shape=[kernel, kernel], pads=[pad] * 4, strides=list(strides)))
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=channels, kernel_shape=[kernel, kernel],
-                          pads=[pad] * 4, strides=list(strides))],
-        "main", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, h, w])],
+        nodes, "main", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, h, w])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, oh, ow])],
-        [numpy_helper.from_array(rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32), "w"),
-         numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b")])
+        weights + [numpy_helper.from_array(kernel_weights, "w"),
+                   numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     folder = models / name
@@ -96,27 +110,45 @@ def _validation(ws, model="dw"):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-DENSE = ("    workarounds:\n      - name: depthwise-as-dense\n        rewrites: [depthwise_conv_as_dense]\n"
-         "        why: the baseline target computes depthwise convolutions wrong\n")
+def declared_workarounds(target="rk3588", abi="vulkan-baseline") -> str:
+    """The `workarounds:` block the target registry declares for the ABI, as YAML for gpu_registry."""
+    import yaml
+    spec = yaml.safe_load((REPO / f"pipeline/targets/{target}.yaml").read_text())
+    block = {"workarounds": spec["abis"][abi]["workarounds"]}
+    return "".join(f"    {line}\n" for line in yaml.safe_dump(block, sort_keys=False).splitlines())
+
+
 PAD = (f"    workarounds:\n      - name: pad-fusion\n        flags: [{PAD_FLAG}]\n"
        "        why: padding fused into the producer's store lands at the wrong offsets\n")
 
 
-@pytest.mark.parametrize("kernel", [3, 5])
-def test_depthwise_workaround_is_needed_on_the_baseline_target_and_works(tmp_path, lavapipe, kernel):
+@pytest.mark.parametrize("kernel, pointwise", [(3, True), (5, False)])
+def test_depthwise_workaround_is_needed_on_the_baseline_target_and_works(tmp_path, lavapipe, kernel, pointwise):
+    """rk3588's vulkan-baseline workaround as declared: 3x3 depthwise Convs as Slices (the same
+    arithmetic), larger ones as dense Convs (their Slice form is wrong on this target too), both
+    padded by zero borders: a padded dense Conv after a 1x1 Conv + Relu is wrong there too."""
     ws = Workspace(tmp_path / "ws")
-    depthwise_model(ws.models, kernel=kernel, channels=24 if kernel == 3 else 32)
+    channels = 24 if kernel == 3 else 32
+    depthwise_model(ws.models, kernel=kernel, channels=channels, pointwise=pointwise)
     bare = ws.build(gpu_registry(tmp_path / "bare", "vp_android_baseline_2022"), check=False)
     assert bare.returncode != 0 and "[model=dw target=gpu/vk stage=validate] outputs differ" in \
-        bare.stdout + bare.stderr, "the bug is gone: drop the depthwise-as-dense workaround"
-    fixed = ws.build(gpu_registry(tmp_path / "fixed", "vp_android_baseline_2022", DENSE))
+        bare.stdout + bare.stderr, "the bug is gone: drop the depthwise workaround"
+    if pointwise:  # why the rewrites pad by Concat: the pad-fusion bug meets a padded dense Conv
+        other = Workspace(tmp_path / "dense")
+        depthwise_model(other.models, name="dwd", channels=32, pointwise=True, dense=True, h=6)
+        dense = other.build(gpu_registry(tmp_path / "bare", "vp_android_baseline_2022"), check=False)
+        assert dense.returncode != 0 and "[model=dwd target=gpu/vk stage=validate] outputs differ" in \
+            dense.stdout + dense.stderr, "a padded dense Conv after 1x1 + Relu is right now: the borders may go"
+    fixed = ws.build(gpu_registry(tmp_path / "fixed", "vp_android_baseline_2022", declared_workarounds()))
     assert "iree_compile:gpu/dw/vk" in fixed.stdout
     assert _validation(ws)["status"] == "passed"
     compiled = json.loads((ws.artifacts / "gpu/dw/vk/iree_compile/compile.json").read_text())
     (workaround,) = compiled["workarounds"]
-    assert workaround["name"] == "depthwise-as-dense" and workaround["rewrites"][0]["nodes"]
+    took = {r["rewrite"]: r["nodes"] for r in workaround["rewrites"]}
+    assert bool(took["depthwise_conv3x3_as_slices"]) == (kernel == 3)
+    assert bool(took["depthwise_conv_as_dense"]) == (kernel != 3)
     entry = json.loads((ws.artifacts / "gpu/manifest.json").read_text())["models"]["dw"]
-    assert entry["artifacts"]["vk"]["compile"]["workarounds"][0]["name"] == "depthwise-as-dense"
+    assert entry["artifacts"]["vk"]["compile"]["workarounds"][0]["name"] == workaround["name"]
 
 
 def test_pad_fusion_workaround_is_needed_on_llvmpipe_and_works(tmp_path, lavapipe):
