@@ -20,6 +20,8 @@ workaround, that the bug is still there without it (when it is not, the workarou
                                a ConvTranspose with kernel == stride (the k x k upsampling of
                                FPN/DB heads) as a 1x1 Conv + DepthToSpace: for speed, IREE lowers
                                ConvTranspose as a convolution over a zero-dilated input
+    nearest_resize_as_expand   a nearest Resize by whole factors as Reshape + Expand + Reshape:
+                               for speed, a broadcast IREE fuses where its Resize is a gather
 
 Rewrites for speed are declared in an ABI's `configs:` (candidates the configuration search
 builds, validates and times; the pinned winner is what builds apply), workarounds in its
@@ -38,10 +40,14 @@ def _attr(node, name, default):
     return default
 
 
+def _text(node, name, default: str) -> str:
+    value = _attr(node, name, default)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _pads(node, x_hw, y_hw, kernel, strides, dilations) -> list[int] | None:
     """[top, left, bottom, right] of a 2-D Conv, explicit or from its auto_pad (None: unknown)."""
-    mode = _attr(node, "auto_pad", b"NOTSET")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = _text(node, "auto_pad", "NOTSET")
     if mode == "NOTSET":
         return list(_attr(node, "pads", [0, 0, 0, 0]))
     if mode == "VALID":
@@ -67,16 +73,23 @@ class _Depthwise:
         self.prefix = f"{node.output[0]}__dw"
 
 
-def _depthwise_convs(model, max_kernel: int | None = None) -> dict[int, _Depthwise]:
-    """The depthwise Convs the rewrites below can take, by node index: known input and output
-    shapes, constant weights (and bias), a kernel at most max_kernel wide."""
-    from onnx import numpy_helper, shape_inference
+def _static_shapes(model) -> dict[str, list[int]]:
+    """Every tensor of the graph whose shape ONNX shape inference knows in full."""
+    from onnx import shape_inference
     known = shape_inference.infer_shapes(model)
     shapes = {}
     for v in list(known.graph.value_info) + list(known.graph.input) + list(known.graph.output):
         dims = [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
         if dims and None not in dims:
             shapes[v.name] = dims
+    return shapes
+
+
+def _depthwise_convs(model, max_kernel: int | None = None) -> dict[int, _Depthwise]:
+    """The depthwise Convs the rewrites below can take, by node index: known input and output
+    shapes, constant weights (and bias), a kernel at most max_kernel wide."""
+    from onnx import numpy_helper
+    shapes = _static_shapes(model)
     inits = {i.name: i for i in model.graph.initializer}
     found = {}
     for k, node in enumerate(model.graph.node):
@@ -104,6 +117,7 @@ def _zero_borders(conv: _Depthwise, nodes: list, const) -> str:
     producer's store and gets the offsets wrong on the Vulkan targets (the pad-fusion bug of
     docs/vulkan.md; cls's 5x5 depthwise Conv after a Div, `doit bisect`)."""
     import numpy as np
+    from onnx import helper
     pt, pl, pb, pr = conv.pads
     padded, size = conv.node.input[0], list(conv.x_shape)
     for axis, before, after in ((2, pt, pb), (3, pl, pr)):
@@ -118,8 +132,7 @@ def _zero_borders(conv: _Depthwise, nodes: list, const) -> str:
             parts.append(const(f"{conv.prefix}_zero{axis}a",
                                np.zeros([*size[:axis], after, *size[axis + 1:]], conv.weight.dtype)))
         out = f"{conv.prefix}_padded{axis}"
-        nodes.append(__import__("onnx").helper.make_node("Concat", parts, [out], name=f"{conv.name}__pad{axis}",
-                                                         axis=axis))
+        nodes.append(helper.make_node("Concat", parts, [out], name=f"{conv.name}__pad{axis}", axis=axis))
         padded, size[axis] = out, size[axis] + before + after
     return padded
 
@@ -274,10 +287,58 @@ def conv_transpose_as_depth_to_space(model) -> list[str]:
     return done
 
 
+# nearest Resize modes whose source index of output i is floor(i / s) at an integer scale s:
+# asymmetric i/s floored; half_pixel (i + 0.5)/s - 0.5 = q + (r + 0.5)/s - 0.5 for i = q*s + r,
+# whose fraction lies strictly inside (-0.5, 0.5), so either rounding gives q
+_NEAREST_FLOOR = {("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"),
+                  ("half_pixel", "round_prefer_ceil"), ("pytorch_half_pixel", "round_prefer_floor"),
+                  ("pytorch_half_pixel", "round_prefer_ceil")}
+
+
+def nearest_resize_as_expand(model) -> list[str]:
+    """Rewrite every nearest-neighbour Resize that repeats each element a whole number of times
+    per axis (the x2/x4/x8 upsampling of FPN heads) as Reshape (a unit axis after each one) +
+    Expand (the unit axes to the factors) + Reshape: the same elements, copied, which IREE turns
+    into a broadcast fused into the consumer where its Resize is a gather (ppocr_det: 6 Resizes).
+    Modes other than those of _NEAREST_FLOOR, fractional or shrinking factors and unknown shapes
+    are left alone. Returns the names of those rewritten."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    shapes = _static_shapes(model)
+    done, nodes, consts = [], [], []
+    for k, node in enumerate(model.graph.node):
+        x = shapes.get(node.input[0]) if node.op_type == "Resize" else None
+        y = shapes.get(node.output[0]) if x is not None else None
+        if (y is None or len(x) != len(y) or _text(node, "mode", "nearest") != "nearest"
+                or (_text(node, "coordinate_transformation_mode", "half_pixel"),
+                    _text(node, "nearest_mode", "round_prefer_floor")) not in _NEAREST_FLOOR
+                or any(b < a or b % a for a, b in zip(x, y)) or x == y):
+            nodes.append(node)
+            continue
+        name, prefix = node.name or f"node {k}", f"{node.output[0]}__nearest"
+        factors = [b // a for a, b in zip(x, y)]
+        for suffix, dims in (("split", [d for a in x for d in (a, 1)]),
+                             ("repeat", [d for a, f in zip(x, factors) for d in (a, f)]), ("out", y)):
+            consts.append(numpy_helper.from_array(np.array(dims, np.int64), f"{prefix}_{suffix}"))
+        nodes.append(helper.make_node("Reshape", [node.input[0], f"{prefix}_split"], [f"{prefix}_a"],
+                                      name=f"{name}__split"))
+        nodes.append(helper.make_node("Expand", [f"{prefix}_a", f"{prefix}_repeat"], [f"{prefix}_b"],
+                                      name=f"{name}__expand"))
+        nodes.append(helper.make_node("Reshape", [f"{prefix}_b", f"{prefix}_out"], list(node.output),
+                                      name=f"{name}__merge"))
+        done.append(name)
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        model.graph.initializer.extend(consts)
+    return done
+
+
 REWRITES = {"depthwise_conv_as_dense": depthwise_conv_as_dense,
             "depthwise_conv3x3_as_slices": depthwise_conv3x3_as_slices,
             "depthwise_conv_as_slices": depthwise_conv_as_slices,
-            "conv_transpose_as_depth_to_space": conv_transpose_as_depth_to_space}
+            "conv_transpose_as_depth_to_space": conv_transpose_as_depth_to_space,
+            "nearest_resize_as_expand": nearest_resize_as_expand}
 
 
 def apply(source: Path, names: list[str], dest: Path) -> list[dict]:

@@ -6,6 +6,9 @@ on this machine, every candidate -- "default" (the ABI's own flags) and each of 
 (pipeline/targets/<target>.yaml) -- is
   1. compiled by the iree_compile stage's own step, the candidate's flags added as a build adds a
      pinned config's (the same step key: the next build restores the winner from the store);
+     A candidate whose rewrites change nothing in this model beyond an earlier candidate's with
+     the same flags (upsample-d2s on a model without ConvTranspose) would be those very bytes:
+     it is recorded as `same-as` that one and neither built nor timed;
   2. validated by the validate stage's own step (the same run, the same tolerance check);
   3. when it validated, timed: every validated candidate, the model's TVM artifacts as the build
      makes them, and onnxruntime on the static model, side by side in ONE child process,
@@ -157,10 +160,24 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
     abis = [a for a in timed_here(target) if built(project, model, target, a)]
     total = sum(len(candidates(a)) for a in abis)
     results, timed, done = {}, [], 0
+    touches = _touches(static_model(layout, model), {r for a in abis for c in candidates(a)
+                                                      for r in c["rewrites"]})
     for abi in abis:
-        results[abi.name] = {}
+        results[abi.name], seen = {}, {}
         for config in candidates(abi):
             done += 1
+            same = (tuple(config["flags"]), tuple(r for r in config["rewrites"] if touches[r]))
+            if same in seen:
+                idle = [r for r in config["rewrites"] if not touches[r]]
+                results[abi.name][config["name"]] = {
+                    "flags": list(config["flags"]), "rewrites": list(config["rewrites"]),
+                    "status": "same-as", "same_as": seen[same],
+                    "why": f"{', '.join(idle)} change(s) nothing in this model: the graph and "
+                           f"flags of {seen[same]}"}
+                say(f"{PROGRESS}{where}/{abi.name}: candidate {done}/{total} {config['name']} "
+                    f"is {seen[same]} here (its rewrites {', '.join(idle)} change nothing)")
+                continue
+            seen[same] = config["name"]
             say(f"{PROGRESS}{where}/{abi.name}: candidate {done}/{total} {config['name']} "
                 f"({_what(config)}), {total - done} left after it")
             record, artifact = _build_candidate(layout, model, target, abi, config, say)
@@ -194,6 +211,21 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
     if followers:
         entry["followers"] = followers
     return entry
+
+
+def _touches(static: Path, rewrites: set) -> dict[str, bool]:
+    """Per rewrite, whether it changes anything in the static model (run on a copy each)."""
+    import onnx
+    from .abi_rewrites import REWRITES
+    if not rewrites:
+        return {}
+    model = onnx.load(str(static))
+    found = {}
+    for name in sorted(rewrites):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        found[name] = bool(REWRITES[name](copy))
+    return found
 
 
 def followers_of(target, abi) -> list[tuple]:
@@ -421,6 +453,8 @@ def table(model_name: str, entry: dict) -> list[str]:
             if c["status"] == "timed":
                 lines.append(f"  {mark} {abi} {name}: p50 {c['p50_ms']:.3f} ms, "
                              f"{c['ratio_to_onnxruntime']:.2f}x onnxruntime, max abs {c['max_abs']:.2g}")
+            elif c["status"] == "same-as":
+                lines.append(f"    {abi} {name}: the same build as {c['same_as']} ({c['why']})")
             else:
                 lines.append(f"    {abi} {name}: {c['status']} at {c.get('stage')}: "
                              f"{' '.join((c.get('why') or '').splitlines()[:2])}")

@@ -22,6 +22,8 @@ abis:
       - {drop: [--iree-opt-data-tiling], why: test}
     configs:
       - {name: o3, flags: [--iree-opt-level=O3], why: test}
+      - {name: o3-upsample, flags: [--iree-opt-level=O3], rewrites: [conv_transpose_as_depth_to_space],
+         why: the tiny model has no ConvTranspose, so this is o3's build}
       - {name: broken, flags: [--iree-no-such-flag], why: a flag iree-compile does not know}
     run: {via: python}
   cpu-x86_64-tvm:
@@ -45,6 +47,8 @@ BOARD = """abis:
     configs_from: host/cpu-x86_64
     configs:
       - {name: o3, flags: [--iree-no-such-arm-flag], why: broken here on purpose}
+      - {name: o3-upsample, flags: [--iree-no-such-arm-flag], rewrites: [conv_transpose_as_depth_to_space],
+         why: test}
       - {name: broken, flags: [--iree-no-such-flag], why: test}
     run: {via: qemu, qemu_cpu: cortex-a76}
 """
@@ -82,7 +86,9 @@ def test_search_pins_the_fastest_config_and_the_build_applies_it_without_timing(
     result = ws.doit("search", "target=host", "rounds=5", "seconds=5", "warmup=1", *where)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    assert "[search] host/m/cpu-x86_64: candidate 2/3 o3 (--iree-opt-level=O3), 1 left after it" in out
+    assert "[search] host/m/cpu-x86_64: candidate 2/4 o3 (--iree-opt-level=O3), 2 left after it" in out
+    assert ("[search] host/m/cpu-x86_64: candidate 3/4 o3-upsample is o3 here (its rewrites "
+            "conv_transpose_as_depth_to_space change nothing)") in out
     assert "[search] host/m.b2: timing 3 artifact(s) and onnxruntime side by side" in out
 
     pin_file = folder / "configs" / "host.yaml"
@@ -102,6 +108,8 @@ def test_search_pins_the_fastest_config_and_the_build_applies_it_without_timing(
             assert abs(c["ratio_to_onnxruntime"] - c["p50_ms"] / ort) < 1e-3
         best = min(timed, key=lambda k: timed[k]["p50_ms"])
         assert (x86["config"], x86["flags"]) == (best, timed[best]["flags"])
+        same = x86["candidates"]["o3-upsample"]  # neither built nor timed: o3's very bytes
+        assert (same["status"], same["same_as"]) == ("same-as", "o3") and "p50_ms" not in same
         broken = x86["candidates"]["broken"]  # recorded with why, never pinned
         assert (broken["status"], broken["stage"]) == ("failed", "iree_compile")
         assert "--iree-no-such-flag" in broken["why"] and "p50_ms" not in broken

@@ -10,32 +10,43 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.stages.abi_rewrites import conv_transpose_as_depth_to_space
+from pipeline.stages.abi_rewrites import conv_transpose_as_depth_to_space, nearest_resize_as_expand
 
 BIN = Path(sys.executable).parent
 HOST = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
         "--iree-llvmcpu-target-triple=x86_64-linux-gnu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
 
 
-def upsampling_model(kernel: int, bias: bool, seed: int = 0, **attrs):
-    """x[1, 8, 5, 7] -> Relu -> ConvTranspose(8 -> 6, kernel x kernel) -> Relu"""
+def relu_op_relu(x_shape, op_type: str, inputs: list[str], inits: dict, **attrs):
+    """x[x_shape] -> Relu -> r -> op_type("r", *inputs) named "op" -> Relu -> y, where inputs
+    name arrays of inits (or are "", an omitted input), opset 13."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array(rng.standard_normal((8, 6, kernel, kernel)).astype(np.float32), "W")]
-    inputs = ["r", "W"]
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "B"))
-        inputs.append("B")
-    attrs = {"kernel_shape": [kernel, kernel], "strides": [kernel, kernel], **attrs}
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("ConvTranspose", inputs, ["t"], name="up", **attrs),
+             helper.make_node(op_type, ["r", *inputs], ["t"], name="op", **attrs),
              helper.make_node("Relu", ["t"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 5, 7])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])], inits)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])],
+                              [numpy_helper.from_array(array, name) for name, array in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.checker.check_model(model)
     return model
+
+
+def weights(shape, bias: int | None, seed: int = 0) -> dict:
+    """Random weights W of shape (and a bias B of that many channels)."""
+    rng = np.random.default_rng(seed)
+    found = {"W": rng.standard_normal(shape).astype(np.float32)}
+    if bias:
+        found["B"] = rng.standard_normal(bias).astype(np.float32)
+    return found
+
+
+def upsampling_model(kernel: int, bias: bool, seed: int = 0, **attrs):
+    """x[1, 8, 5, 7] -> Relu -> ConvTranspose(8 -> 6, kernel x kernel) -> Relu"""
+    inits = weights((8, 6, kernel, kernel), 6 if bias else None, seed)
+    attrs = {"kernel_shape": [kernel, kernel], "strides": [kernel, kernel], **attrs}
+    return relu_op_relu([1, 8, 5, 7], "ConvTranspose", list(inits), inits, **attrs)
 
 
 def ort_run(model, x):
@@ -63,7 +74,7 @@ X = np.random.default_rng(7).standard_normal((1, 8, 5, 7)).astype(np.float32)
 def test_conv_transpose_as_depth_to_space_is_the_same_function(kernel, bias, tmp_path):
     model = upsampling_model(kernel, bias)
     expected = ort_run(model, X)
-    assert conv_transpose_as_depth_to_space(model) == ["up"]
+    assert conv_transpose_as_depth_to_space(model) == ["op"]
     assert [n.op_type for n in model.graph.node] == ["Relu", "Conv", "DepthToSpace", "Relu"]
     assert np.abs(ort_run(model, X) - expected).max() <= 1e-5 * np.abs(expected).max()
     # and IREE compiles the rewritten graph right (the DCR form, see the next test)
@@ -76,7 +87,8 @@ def test_other_conv_transposes_are_left_alone(attrs):
     kernel = 2
     if "group" in attrs:   # a grouped ConvTranspose has in/group input channels per filter
         model = upsampling_model(kernel, True)
-        model.graph.node[1].attribute.append(__import__("onnx").helper.make_attribute("group", 2))
+        from onnx import helper
+        model.graph.node[1].attribute.append(helper.make_attribute("group", 2))
     else:
         model = upsampling_model(kernel, True, **attrs)
     before = model.SerializeToString()
@@ -106,24 +118,10 @@ def test_iree_still_imports_depth_to_space_crd_wrong(tmp_path):
 
 def depthwise_model(kernel: int, strides, bias: bool, auto_pad: str | None = None, seed: int = 0):
     """x[1, 8, 9, 11] -> Relu -> depthwise Conv (kernel x kernel) -> Relu"""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array(rng.standard_normal((8, 1, kernel, kernel)).astype(np.float32), "W")]
-    inputs = ["r", "W"]
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B"))
-        inputs.append("B")
+    inits = weights((8, 1, kernel, kernel), 8 if bias else None, seed)
     pad = {"auto_pad": auto_pad} if auto_pad else {"pads": [kernel // 2, kernel // 2 - 1 + kernel % 2, kernel // 2, 0]}
-    nodes = [helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("Conv", inputs, ["t"], name="dw", group=8, kernel_shape=[kernel, kernel],
-                              strides=list(strides), **pad),
-             helper.make_node("Relu", ["t"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 11])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    return model
+    return relu_op_relu([1, 8, 9, 11], "Conv", list(inits), inits, group=8, kernel_shape=[kernel, kernel],
+                        strides=list(strides), **pad)
 
 
 DW_X = np.random.default_rng(8).standard_normal((1, 8, 9, 11)).astype(np.float32)
@@ -140,7 +138,7 @@ def test_depthwise_rewrites_are_the_same_function(rewrite, kernel, strides, bias
     from pipeline.stages.abi_rewrites import REWRITES
     model = depthwise_model(kernel, strides, bias, auto_pad)
     expected = ort_run(model, DW_X)
-    assert REWRITES[rewrite](model) == ["dw"]
+    assert REWRITES[rewrite](model) == ["op"]
     ops = {n.op_type for n in model.graph.node}
     assert ("Slice" in ops and "Sum" in ops) if rewrite.endswith("slices") else ("Conv" in ops)
     conv = [n for n in model.graph.node if n.op_type == "Conv"]
@@ -157,4 +155,49 @@ def test_depthwise_conv3x3_as_slices_leaves_larger_kernels_alone():
     before = model.SerializeToString()
     assert depthwise_conv3x3_as_slices(model) == []
     assert model.SerializeToString() == before
-    assert depthwise_conv3x3_as_slices(depthwise_model(3, (1, 1), True)) == ["dw"]
+    assert depthwise_conv3x3_as_slices(depthwise_model(3, (1, 1), True)) == ["op"]
+
+
+def resize_model(scales=None, sizes=None, **attrs):
+    """x[1, 8, 5, 7] -> Relu -> Resize (by scales or to sizes) -> Relu"""
+    inits = {"scales": np.array(scales, np.float32)} if scales else {"sizes": np.array(sizes, np.int64)}
+    inputs = ["", "scales"] if scales else ["", "", "sizes"]
+    return relu_op_relu([1, 8, 5, 7], "Resize", inputs, inits, **attrs)
+
+
+NEAREST = {"mode": "nearest"}
+
+
+@pytest.mark.parametrize("scales,sizes,attrs", [
+    ([1, 1, 2, 2], None, {**NEAREST, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+    ([1, 1, 8, 4], None, {**NEAREST, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+    ([1, 1, 3, 1], None, NEAREST),   # ONNX's defaults: half_pixel, round_prefer_floor
+    (None, [1, 8, 20, 14], {**NEAREST, "coordinate_transformation_mode": "pytorch_half_pixel",
+                            "nearest_mode": "round_prefer_ceil"}),
+    ([1, 2, 2, 2], None, {**NEAREST, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+])
+def test_nearest_resize_as_expand_is_the_same_function(scales, sizes, attrs, tmp_path):
+    """A nearest upsampling by whole factors (ppocr_det's FPN: x2, x4, x8) as Reshape + Expand +
+    Reshape copies the very elements: equal to onnxruntime's Resize, bit for bit, and IREE's build
+    of the rewritten graph too."""
+    model = resize_model(scales, sizes, **attrs)
+    expected = ort_run(model, X)
+    assert nearest_resize_as_expand(model) == ["op"]
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Reshape", "Expand", "Reshape", "Relu"]
+    assert np.array_equal(ort_run(model, X), expected)
+    assert np.array_equal(iree_run(model, X, tmp_path), expected)
+
+
+@pytest.mark.parametrize("scales,attrs", [
+    ([1, 1, 2, 2], {"mode": "linear"}),
+    ([1, 1, 4, 4], {**NEAREST, "coordinate_transformation_mode": "asymmetric"}),  # round_prefer_floor of i/4
+    ([1, 1, 2, 2], {**NEAREST, "coordinate_transformation_mode": "align_corners"}),
+    ([1, 1, 1.5, 2], NEAREST),     # not a whole factor
+    ([1, 1, 0.5, 1], NEAREST),     # shrinking
+])
+def test_other_resizes_are_left_alone(scales, attrs):
+    """Modes whose source index is not floor(i / factor), and factors that are not whole."""
+    model = resize_model(scales, **attrs)
+    before = model.SerializeToString()
+    assert nearest_resize_as_expand(model) == []
+    assert model.SerializeToString() == before
