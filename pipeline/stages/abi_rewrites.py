@@ -6,13 +6,14 @@ what it touched. The compile stage records which ran (compile.json, then the man
 validation checks the result like any artifact; tests/e2e/test_workarounds.py shows, per
 workaround, that the bug is still there without it (when it is not, the workaround can go).
 
-    depthwise_conv_as_slices   a depthwise Conv as zero borders (Concat) + per kernel tap a
+    depthwise_conv_as_slices   a depthwise Conv as a zero Pad + per kernel tap a
                                strided Slice times a per-channel weight, summed: the same
                                arithmetic as elementwise ops. IREE 3.13's SPIR-V code for
                                vp_android_baseline_2022 computes depthwise convolutions wrong
                                (3x3 and 5x5, strides [2,1] and [1,1]); this form of the 3x3 ones
-                               is right there (`depthwise_conv3x3_as_slices`), and on CPUs it
-                               is faster than IREE's own depthwise code (a search candidate)
+                               is right there (`depthwise_conv3x3_as_slices`, zero borders by
+                               Concat), and on CPUs it is faster than IREE's own depthwise code
+                               (a search candidate)
     depthwise_conv_as_dense    a depthwise Conv as zero borders (Concat) + a dense Conv with
                                block-diagonal weights (C times the arithmetic): right on that
                                target for the 5x5 ones, whose Slice form is wrong
@@ -137,9 +138,25 @@ def _zero_borders(conv: _Depthwise, nodes: list, const) -> str:
     return padded
 
 
-def _rewrite_depthwise(model, max_kernel, replace) -> list[str]:
+def _pad(conv: _Depthwise, nodes: list, const) -> str:
+    """Append one Pad (constant zeros) of conv's padding around its input; returns the padded
+    tensor's name. On CPUs IREE fuses it into the consumers, where the Concat of _zero_borders
+    is a copy (slow_memcpy: 13 % of ppocr_cls's time, `doit profile`)."""
+    import numpy as np
+    from onnx import helper
+    if not any(conv.pads):
+        return conv.node.input[0]
+    pt, pl, pb, pr = conv.pads
+    pads = const(f"{conv.prefix}_pads", np.array([0, 0, pt, pl, 0, 0, pb, pr], np.int64))
+    nodes.append(helper.make_node("Pad", [conv.node.input[0], pads], [f"{conv.prefix}_padded"],
+                                  name=f"{conv.name}__pad", mode="constant"))
+    return f"{conv.prefix}_padded"
+
+
+def _rewrite_depthwise(model, max_kernel, replace, borders=_zero_borders) -> list[str]:
     """Replace each depthwise Conv found by `replace(conv, padded_input, nodes, const)`, which
-    appends the nodes that compute conv.node.output[0]; returns the names of those replaced."""
+    appends the nodes that compute conv.node.output[0], its input padded by `borders`; returns
+    the names of those replaced."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -154,7 +171,7 @@ def _rewrite_depthwise(model, max_kernel, replace) -> list[str]:
 
     for k, node in enumerate(model.graph.node):
         if k in found:
-            replace(found[k], _zero_borders(found[k], nodes, const), nodes, const)
+            replace(found[k], borders(found[k], nodes, const), nodes, const)
         else:
             nodes.append(node)
     del model.graph.node[:]
@@ -190,10 +207,11 @@ def depthwise_conv_as_dense(model) -> list[str]:
     return _rewrite_depthwise(model, None, dense)
 
 
-def depthwise_conv_as_slices(model, max_kernel: int | None = None) -> list[str]:
-    """Rewrite every depthwise 2-D Conv (with a kernel at most max_kernel wide) as zero borders
-    (Concat) + one strided Slice times a per-channel weight per kernel tap + Sum (+ bias): the
-    same arithmetic as the Conv, as elementwise ops. Returns the names of those rewritten."""
+def depthwise_conv_as_slices(model, max_kernel: int | None = None, borders=_pad) -> list[str]:
+    """Rewrite every depthwise 2-D Conv (with a kernel at most max_kernel wide) as its input
+    padded with zeros (a Pad; `borders`) + one strided Slice times a per-channel weight per
+    kernel tap + Sum (+ bias): the same arithmetic as the Conv, as elementwise ops. Returns the
+    names of those rewritten."""
     import numpy as np
     from onnx import helper
 
@@ -218,13 +236,14 @@ def depthwise_conv_as_slices(model, max_kernel: int | None = None) -> list[str]:
         if conv.bias is not None:
             terms.append(const(f"{conv.prefix}_bias", conv.bias.reshape(1, c, 1, 1)))
         nodes.append(helper.make_node("Sum", terms, list(conv.node.output), name=f"{conv.name}__sum"))
-    return _rewrite_depthwise(model, max_kernel, slices)
+    return _rewrite_depthwise(model, max_kernel, slices, borders)
 
 
 def depthwise_conv3x3_as_slices(model) -> list[str]:
     """depthwise_conv_as_slices for kernels up to 3x3: on vp_android_baseline_2022 the Slice form
-    of a 5x5 one is wrong too at stride 1 in W (lavapipe and an NVIDIA H200, IREE 3.13)."""
-    return depthwise_conv_as_slices(model, max_kernel=3)
+    of a 5x5 one is wrong too at stride 1 in W (lavapipe and an NVIDIA H200, IREE 3.13). Borders
+    by Concat: a Pad meets the pad-fusion bug there."""
+    return depthwise_conv_as_slices(model, max_kernel=3, borders=_zero_borders)
 
 
 def conv_transpose_as_depth_to_space(model) -> list[str]:
