@@ -252,11 +252,9 @@ LABELS = ("abi", "proxy", "config")  # what a timed item of a plan is called in 
 def _runner(art: dict, threads: int):
     """A callable timing one run: an IREE .vmfb, a TVM .so, or onnxruntime on an .onnx model
     (format onnx, with its input names: the baseline `doit search` times the others against)."""
-    from ..run.timing import IreeCpuRunner, OnnxruntimeCpuRunner
-    from ..run.tvm_run import TvmModule
+    from ..run.timing import IreeCpuRunner, OnnxruntimeCpuRunner, TvmCpuRunner
     if art["format"] == "tvm-so":
-        module = TvmModule(art["path"], art["entry"], threads=threads)
-        return module.timed
+        return TvmCpuRunner(Path(art["path"]), art["entry"], "cpu", threads)
     if art["format"] == "onnx":
         return OnnxruntimeCpuRunner(Path(art["path"]), art["input_names"], threads)
     runner = IreeCpuRunner(Path(art["path"]), art["entry"], art.get("device", "local-task"), threads)
