@@ -23,6 +23,8 @@ workaround, that the bug is still there without it (when it is not, the workarou
                                ConvTranspose as a convolution over a zero-dilated input
     nearest_resize_as_expand   a nearest Resize by whole factors as Reshape + Expand + Reshape:
                                for speed, a broadcast IREE fuses where its Resize is a gather
+    strided_conv_as_im2col     a dense Conv with a stride above 1 as Pad + Slices + Concat
+                               (im2col) + a 1x1 Conv: for speed, a matrix product
 
 Rewrites for speed are declared in an ABI's `configs:` (candidates the configuration search
 builds, validates and times; the pinned winner is what builds apply), workarounds in its
@@ -64,14 +66,15 @@ def _pads(node, x_hw, y_hw, kernel, strides, dilations) -> list[int] | None:
     return None
 
 
-class _Depthwise:
-    """One static-shape depthwise 2-D Conv of a graph (group == channels, one filter each)."""
+class _Conv:
+    """One static-shape 2-D Conv of a graph with constant weights, its padding made explicit;
+    the nodes replacing it are named after its output and `tag`."""
 
-    def __init__(self, k, node, weight, bias, x_shape, y_shape, pads):
+    def __init__(self, k, node, weight, bias, x_shape, y_shape, pads, tag: str = "dw"):
         self.k, self.node, self.weight, self.bias = k, node, weight, bias
         self.x_shape, self.y_shape, self.pads = x_shape, y_shape, pads
         self.name = node.name or f"node {k}"
-        self.prefix = f"{node.output[0]}__dw"
+        self.prefix = f"{node.output[0]}__{tag}"
 
 
 def _static_shapes(model) -> dict[str, list[int]]:
@@ -86,9 +89,9 @@ def _static_shapes(model) -> dict[str, list[int]]:
     return shapes
 
 
-def _depthwise_convs(model, max_kernel: int | None = None) -> dict[int, _Depthwise]:
-    """The depthwise Convs the rewrites below can take, by node index: known input and output
-    shapes, constant weights (and bias), a kernel at most max_kernel wide."""
+def _convs(model, keep, tag: str) -> dict[int, _Conv]:
+    """The 2-D Convs the rewrites below can take, by node index: known input and output shapes,
+    constant weights (and bias), known padding, and `keep(weight, group, x_shape)`."""
     from onnx import numpy_helper
     shapes = _static_shapes(model)
     inits = {i.name: i for i in model.graph.initializer}
@@ -100,19 +103,23 @@ def _depthwise_convs(model, max_kernel: int | None = None) -> dict[int, _Depthwi
         has_bias = len(node.input) > 2 and node.input[2]
         bias = numpy_helper.to_array(inits[node.input[2]]) if has_bias and node.input[2] in inits else None
         x_shape, y_shape = shapes.get(node.input[0]), shapes.get(node.output[0])
-        group = _attr(node, "group", 1)
         if (x_shape is None or y_shape is None or len(x_shape) != 4 or weight.ndim != 4
-                or weight.shape[1] != 1 or group == 1 or group != x_shape[1] or weight.shape[0] != group
-                or (max_kernel and max(weight.shape[2:]) > max_kernel) or (has_bias and bias is None)):
+                or (has_bias and bias is None) or not keep(weight, _attr(node, "group", 1), x_shape)):
             continue
         pads = _pads(node, x_shape[2:], y_shape[2:], weight.shape[2:], _attr(node, "strides", [1, 1]),
                      _attr(node, "dilations", [1, 1]))
         if pads is not None:
-            found[k] = _Depthwise(k, node, weight, bias, x_shape, y_shape, pads)
+            found[k] = _Conv(k, node, weight, bias, x_shape, y_shape, pads, tag)
     return found
 
 
-def _zero_borders(conv: _Depthwise, nodes: list, const) -> str:
+def _depthwise_convs(model, max_kernel: int | None = None) -> dict[int, _Conv]:
+    """The depthwise Convs (group == channels, one filter each), kernels at most max_kernel wide."""
+    return _convs(model, lambda w, group, x: (w.shape[1] == 1 and group != 1 and group == x[1] == w.shape[0]
+                                              and not (max_kernel and max(w.shape[2:]) > max_kernel)), "dw")
+
+
+def _zero_borders(conv: _Conv, nodes: list, const) -> str:
     """Append the Concats that put conv's zero padding around its input; returns the padded
     tensor's name. Concat, not Pad (nor the Conv's own pads): IREE 3.13 fuses a padding into its
     producer's store and gets the offsets wrong on the Vulkan targets (the pad-fusion bug of
@@ -138,7 +145,7 @@ def _zero_borders(conv: _Depthwise, nodes: list, const) -> str:
     return padded
 
 
-def _pad(conv: _Depthwise, nodes: list, const) -> str:
+def _pad(conv: _Conv, nodes: list, const) -> str:
     """Append one Pad (constant zeros) of conv's padding around its input; returns the padded
     tensor's name. On CPUs IREE fuses it into the consumers, where the Concat of _zero_borders
     is a copy (slow_memcpy: 13 % of ppocr_cls's time, `doit profile`)."""
@@ -153,14 +160,13 @@ def _pad(conv: _Depthwise, nodes: list, const) -> str:
     return f"{conv.prefix}_padded"
 
 
-def _rewrite_depthwise(model, max_kernel, replace, borders=_zero_borders) -> list[str]:
-    """Replace each depthwise Conv found by `replace(conv, padded_input, nodes, const)`, which
+def _rewrite_convs(model, found: dict, replace, borders=_zero_borders) -> list[str]:
+    """Replace each Conv of `found` by `replace(conv, padded_input, nodes, const)`, which
     appends the nodes that compute conv.node.output[0], its input padded by `borders`; returns
     the names of those replaced."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
-    found = _depthwise_convs(model, max_kernel)
     if not found:
         return []
     nodes, consts = [], []
@@ -204,7 +210,28 @@ def depthwise_conv_as_dense(model) -> list[str]:
             "Conv", inputs, list(conv.node.output), name=f"{conv.name}__dense",
             kernel_shape=list(conv.weight.shape[2:]), strides=list(_attr(conv.node, "strides", [1, 1])),
             dilations=list(_attr(conv.node, "dilations", [1, 1]))))
-    return _rewrite_depthwise(model, None, dense)
+    return _rewrite_convs(model, _depthwise_convs(model), dense)
+
+
+def _taps(conv: _Conv, padded: str, nodes: list, const):
+    """Per kernel tap (i, j), in row-major order: append the strided Slice of the padded input
+    that the tap's weight multiplies at every output pixel, and yield ((i, j), its name)."""
+    import numpy as np
+    from onnx import helper
+    kh, kw = conv.weight.shape[2:]
+    sh, sw = _attr(conv.node, "strides", [1, 1])
+    dh, dw = _attr(conv.node, "dilations", [1, 1])
+    oh, ow = conv.y_shape[2:]
+    axes = const(f"{conv.prefix}_axes", np.array([2, 3], np.int64))
+    steps = const(f"{conv.prefix}_steps", np.array([sh, sw], np.int64))
+    for i in range(kh):
+        for j in range(kw):
+            top, left, tap = i * dh, j * dw, f"{conv.prefix}_tap{i}_{j}"
+            starts = const(f"{tap}_starts", np.array([top, left], np.int64))
+            ends = const(f"{tap}_ends", np.array([top + (oh - 1) * sh + 1, left + (ow - 1) * sw + 1], np.int64))
+            nodes.append(helper.make_node("Slice", [padded, starts, ends, axes, steps], [tap],
+                                          name=f"{conv.name}__tap{i}_{j}"))
+            yield (i, j), tap
 
 
 def depthwise_conv_as_slices(model, max_kernel: int | None = None, borders=_pad) -> list[str]:
@@ -216,27 +243,43 @@ def depthwise_conv_as_slices(model, max_kernel: int | None = None, borders=_pad)
     from onnx import helper
 
     def slices(conv, padded, nodes, const):
-        c, kh, kw = conv.weight.shape[0], conv.weight.shape[2], conv.weight.shape[3]
-        sh, sw = _attr(conv.node, "strides", [1, 1])
-        dh, dw = _attr(conv.node, "dilations", [1, 1])
-        oh, ow = conv.y_shape[2:]
-        axes = const(f"{conv.prefix}_axes", np.array([2, 3], np.int64))
-        steps = const(f"{conv.prefix}_steps", np.array([sh, sw], np.int64))
+        c = conv.weight.shape[0]
         terms = []
-        for i in range(kh):
-            for j in range(kw):
-                top, left, tap = i * dh, j * dw, f"{conv.prefix}_tap{i}_{j}"
-                starts = const(f"{tap}_starts", np.array([top, left], np.int64))
-                ends = const(f"{tap}_ends", np.array([top + (oh - 1) * sh + 1, left + (ow - 1) * sw + 1], np.int64))
-                nodes.append(helper.make_node("Slice", [padded, starts, ends, axes, steps], [tap],
-                                              name=f"{conv.name}__tap{i}_{j}"))
-                scale = const(f"{tap}_w", conv.weight[:, 0, i, j].reshape(1, c, 1, 1))
-                nodes.append(helper.make_node("Mul", [tap, scale], [f"{tap}_x"], name=f"{conv.name}__mul{i}_{j}"))
-                terms.append(f"{tap}_x")
+        for (i, j), tap in _taps(conv, padded, nodes, const):
+            scale = const(f"{tap}_w", conv.weight[:, 0, i, j].reshape(1, c, 1, 1))
+            nodes.append(helper.make_node("Mul", [tap, scale], [f"{tap}_x"], name=f"{conv.name}__mul{i}_{j}"))
+            terms.append(f"{tap}_x")
         if conv.bias is not None:
             terms.append(const(f"{conv.prefix}_bias", conv.bias.reshape(1, c, 1, 1)))
         nodes.append(helper.make_node("Sum", terms, list(conv.node.output), name=f"{conv.name}__sum"))
-    return _rewrite_depthwise(model, max_kernel, slices, borders)
+    return _rewrite_convs(model, _depthwise_convs(model, max_kernel), slices, borders)
+
+
+def strided_conv_as_im2col(model) -> list[str]:
+    """Rewrite every dense (group 1) 2-D Conv with a kernel larger than 1x1 and a stride above 1
+    as its input padded with zeros (a Pad) + one strided Slice per kernel tap, concatenated on
+    channels (im2col, in the graph) + a 1x1 Conv over them (Cin * kh * kw channels): a matrix
+    product IREE tiles well. IREE 3.13's own code for a strided NCHW convolution is its slowest
+    (ppocr_det: the 3x3 stride-2 Conv.3 30 ms, 6.8x onnxruntime's, `doit profile`); the same
+    im2col for every dense Conv costs more in copies than it saves (the flag
+    --iree-global-opt-use-im2col-for-convs: 2.8x). Returns the names of those rewritten."""
+    from onnx import helper
+
+    def im2col(conv, padded, nodes, const):
+        o, c, kh, kw = conv.weight.shape
+        taps = [tap for _, tap in _taps(conv, padded, nodes, const)]
+        nodes.append(helper.make_node("Concat", taps, [f"{conv.prefix}_cols"], name=f"{conv.name}__cols",
+                                      axis=1))
+        # channel (i * kw + j) * c + ci of the columns is tap (i, j) of input channel ci
+        weight = conv.weight.transpose(0, 2, 3, 1).reshape(o, kh * kw * c, 1, 1)
+        inputs = [f"{conv.prefix}_cols", const(f"{conv.prefix}_w", weight)]
+        if conv.bias is not None:
+            inputs.append(const(f"{conv.prefix}_b", conv.bias))
+        nodes.append(helper.make_node("Conv", inputs, list(conv.node.output), name=f"{conv.name}__1x1",
+                                      kernel_shape=[1, 1]))
+    strided = _convs(model, lambda w, group, x: group == 1 and max(w.shape[2:]) > 1, "col")
+    strided = {k: c for k, c in strided.items() if max(_attr(c.node, "strides", [1, 1])) > 1}
+    return _rewrite_convs(model, strided, im2col, _pad)
 
 
 def depthwise_conv3x3_as_slices(model) -> list[str]:
@@ -357,7 +400,8 @@ REWRITES = {"depthwise_conv_as_dense": depthwise_conv_as_dense,
             "depthwise_conv3x3_as_slices": depthwise_conv3x3_as_slices,
             "depthwise_conv_as_slices": depthwise_conv_as_slices,
             "conv_transpose_as_depth_to_space": conv_transpose_as_depth_to_space,
-            "nearest_resize_as_expand": nearest_resize_as_expand}
+            "nearest_resize_as_expand": nearest_resize_as_expand,
+            "strided_conv_as_im2col": strided_conv_as_im2col}
 
 
 def apply(source: Path, names: list[str], dest: Path) -> list[dict]:

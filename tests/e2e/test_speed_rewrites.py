@@ -210,3 +210,39 @@ def test_other_resizes_are_left_alone(scales, attrs):
     before = model.SerializeToString()
     assert nearest_resize_as_expand(model) == []
     assert model.SerializeToString() == before
+
+
+def dense_model(kernel: int, strides, bias: bool, group: int = 1, **pad):
+    """x[1, 8, 9, 11] -> Relu -> Conv (8 -> 8, kernel x kernel, group) -> Relu"""
+    inits = weights((8, 8 // group, kernel, kernel), 8 if bias else None)
+    return relu_op_relu([1, 8, 9, 11], "Conv", list(inits), inits, group=group, kernel_shape=[kernel, kernel],
+                        strides=list(strides), **pad)
+
+
+@pytest.mark.parametrize("kernel,strides,bias,pad", [(3, (2, 2), True, {"pads": [1, 1, 1, 1]}),
+                                                     (2, (2, 2), False, {"auto_pad": "SAME_UPPER"}),
+                                                     (3, (2, 1), True, {"pads": [1, 0, 0, 1]})])
+def test_strided_conv_as_im2col_is_the_same_function(kernel, strides, bias, pad, tmp_path):
+    """A strided dense Conv as Pad + one Slice per tap + Concat + 1x1 Conv: onnxruntime and IREE's
+    host build of the rewritten graph agree with the Conv."""
+    from pipeline.stages.abi_rewrites import strided_conv_as_im2col
+    model = dense_model(kernel, strides, bias, **pad)
+    expected = ort_run(model, DW_X)
+    assert strided_conv_as_im2col(model) == ["op"]
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Slice") == kernel * kernel and ops.count("Concat") == 1 and ops.count("Conv") == 1
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    assert [list(a.ints) for a in conv.attribute if a.name == "kernel_shape"] == [[1, 1]]
+    tol = 1e-5 * np.abs(expected).max()
+    assert np.abs(ort_run(model, DW_X) - expected).max() <= tol
+    assert np.abs(iree_run(model, DW_X, tmp_path) - expected).max() <= tol
+
+
+@pytest.mark.parametrize("kernel,strides,group", [(3, (1, 1), 1), (1, (2, 2), 1), (3, (2, 2), 8)])
+def test_strided_conv_as_im2col_leaves_the_others_alone(kernel, strides, group):
+    """Stride 1 (IREE's own code is the faster there), 1x1 (already a matrix product), depthwise."""
+    from pipeline.stages.abi_rewrites import strided_conv_as_im2col
+    model = dense_model(kernel, strides, True, group, pads=[kernel // 2] * 4)
+    before = model.SerializeToString()
+    assert strided_conv_as_im2col(model) == []
+    assert model.SerializeToString() == before
