@@ -23,7 +23,7 @@ abis:
     configs:
       - {name: o3, flags: [--iree-opt-level=O3], why: test}
       - {name: o3-upsample, flags: [--iree-opt-level=O3], rewrites: [conv_transpose_as_depth_to_space],
-         why: the tiny model has no ConvTranspose, so this is o3's build}
+         why: "the tiny model has no ConvTranspose: this is o3's build"}
       - {name: broken, flags: [--iree-no-such-flag], why: a flag iree-compile does not know}
     run: {via: python}
   cpu-x86_64-tvm:
@@ -182,5 +182,5 @@ def test_search_pins_the_fastest_config_and_the_build_applies_it_without_timing(
     failed = ws.build(*where, check=False)
     assert failed.returncode != 0
     assert ("configs/host.yaml: models.m.abis.cpu-x86_64.config: 'fast' is not a config of "
-            "host/cpu-x86_64 (it declares: default, o3, broken): search again (doit search "
+            "host/cpu-x86_64 (it declares: default, o3, o3-upsample, broken): search again (doit search "
             "target=host model=m)") in failed.stderr
