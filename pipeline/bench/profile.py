@@ -6,10 +6,12 @@ same selection as `doit bench`) and for onnxruntime, each with the bench's threa
 
   IREE         `iree-benchmark-module --dispatch_statistics` on the shipped bytes: the time per
                iteration of every dispatch function (the runtime's own HAL profiling).
-               Mapping ("locations"): the static model is imported again with its ONNX node names
-               kept as MLIR locations and compiled with the artifact's exact flags up to its
+               Mapping ("locations"): the static model, through the graph rewrites the artifact's
+               build applied (workarounds, pinned config), is imported again with its ONNX node
+               names kept as MLIR locations and compiled with the artifact's exact flags up to its
                executable sources (`--compile-to=executable-sources --mlir-print-debuginfo`);
-               each dispatch's call sites carry the nodes it computes. A dispatch that does not
+               each dispatch's call sites carry the nodes it computes (a rewrite's own nodes,
+               `<node>__<part>`, count as the node they replaced). A dispatch that does not
                appear there falls back to "kind+shape" (its name's op kind and dims).
   TVM          each kernel call of one run of the VM (its instrument hook), timed on its own
                arguments with TVM's `time_evaluator` (0.27 has no VM profiler). Mapping
@@ -138,9 +140,17 @@ class Graph:
         self.by_name = {n.name: n for n in self.nodes}
         self.producer = {t: n for n in self.nodes for t in n.outputs}
 
+    def known(self, name: str) -> str | None:
+        """The graph node `name` stands for: itself, or for a node a graph rewrite put in its
+        place (`<node>__<part>`, pipeline/stages/abi_rewrites.py) the node it replaced."""
+        while name not in self.by_name and "__" in name:
+            name = name.rsplit("__", 1)[0]
+        return name if name in self.by_name else None
+
     def ordered(self, names) -> list[str]:
-        """Known node names, once each, in graph order."""
-        return sorted({n for n in names if n in self.by_name}, key=lambda n: self.by_name[n].index)
+        """Known node names (see `known`), once each, in graph order."""
+        found = {self.known(n) for n in names} - {None}
+        return sorted(found, key=lambda n: self.by_name[n].index)
 
     def main(self, names, heavy: bool = True) -> Node | None:
         """The node an entry's time counts under: the first of the lowest rank (heavy=False:
@@ -342,7 +352,11 @@ def iree_entries(stats: dict, locations: dict, graph: Graph) -> list[dict]:
             nodes, fused, mapped_by = by_kind_and_shape(name, graph), [], "kind+shape"
         kind = parse_dispatch(name)["kind"]
         layout = next((k for k in LAYOUT_KINDS if kind.startswith(k)), None)
-        heavy = DISPATCH_KINDS.get(kind) is HEAVY  # else a Conv's bias fused into it is no conv
+        # else a Conv's bias fused into it is no conv; but the elementwise ops a rewrite put in
+        # place of a Conv (a depthwise one as Slices) are that conv
+        replaced = {graph.known(n) for site in (loc["sites"] if loc else []) for n in site
+                    if n not in graph.by_name} - {None}
+        heavy = DISPATCH_KINDS.get(kind) is HEAVY or any(graph.by_name[n].op in HEAVY for n in replaced)
         category = (f"(IREE {'data-tiling relayout' if layout in ('encode', 'decode') else layout})"
                     if layout else graph.category(nodes + fused, "(unmapped)", heavy))
         entries.append({"name": name, "calls": s["calls"], "ms": s["ms"], "kind": kind,
@@ -396,15 +410,16 @@ class IreeProfiler:
     def __init__(self, ctx: "Context", abi: str, art: dict):
         from ..compilers.iree_compiler import find_compiler
         from ..stages.abi_rewrites import apply as apply_rewrites
+        from ..stages.iree_compile import graph_rewrites
         self.ctx, self.abi, self.art = ctx, abi, art
         self.vmfb = ctx.layout.resolve(art["path"])
         work = ctx.scratch / abi
         work.mkdir(parents=True)
         source = ctx.named_model
-        rewrites = [r for w in art["compile"].get("workarounds", []) for r in w.get("rewrites", [])]
-        if rewrites:  # the graph workarounds this build had: compile what it compiled
-            source = work / "model.onnx"
-            apply_rewrites(ctx.named_model, [r["rewrite"] for r in rewrites], source)
+        rewrites = graph_rewrites(art["compile"])
+        if rewrites:  # the graph rewrites this build had (workarounds, pinned config): compile
+            source = work / "model.onnx"  # what it compiled, or the dispatches would differ
+            apply_rewrites(ctx.named_model, rewrites, source)
         mlir = work / "model.mlir"
         run_tool(python_module_argv("pipeline.bench.profile", "import-onnx", str(source), str(mlir)),
                  log=ctx.log, what="iree-import-onnx (with locations)", **ctx.where(abi))
@@ -1026,6 +1041,12 @@ def _label(key: str, s: dict) -> str:
     return ORT if key == ORT else f"{key} ({s['runtime'].upper()})"
 
 
+def _guessed(entries: list[dict]) -> str:
+    """How many entries only their dispatch's name placed (a weaker mapping), if any."""
+    n = sum(e.get("mapped_by") == "kind+shape" for e in entries)
+    return f", {n} of them only by kind+shape (the dispatch name's op and dims)" if n else ""
+
+
 def table(doc: dict, top: int = TOP) -> list[str]:
     """The printed profile: per runtime its top entries, then the per-category comparison."""
     lines = []
@@ -1034,7 +1055,7 @@ def table(doc: dict, top: int = TOP) -> list[str]:
         lines.append(f"{_label(key, s)}: whole run {s['total_ms']:.3f} ms; its "
                      f"{len(s['entries'])} entries add up to {s['entries_ms']:.3f} ms "
                      f"({s['entries_ms'] / s['total_ms']:.0%}); mapped by "
-                     f"{s['mapping'].split(':')[0]}")
+                     f"{s['mapping'].split(':')[0]}{_guessed(s['entries'])}")
         rows = [("#", "ms", "share", "calls", "dispatch / kernel / node", "category", "ONNX nodes")]
         for k, e in enumerate(s["entries"][:top], 1):
             rows.append((str(k), f"{e['ms']:.3f}", f"{e['share']:.1%}", str(e["calls"]),

@@ -184,6 +184,13 @@ def run(ctx) -> None:
     ctx.output("compile.json").write_text(pretty_json(report))
 
 
+def graph_rewrites(report: dict) -> list[str]:
+    """The graph rewrites a compile report (compile.json) says its model went through, in the
+    order they ran: the ABI's workarounds', then its pinned config's (see `run`)."""
+    return ([r["rewrite"] for w in report.get("workarounds", []) for r in w.get("rewrites", [])]
+            + list((report.get("config") or {}).get("rewrites") or ()))
+
+
 def _failed(ctx, cfg: Config, result, tried: list):
     """Every attempt failed: the ops IREE could not lower, or its own diagnostics of the last
     attempt (error/note lines and the failing op), never the tail of an IR dump."""

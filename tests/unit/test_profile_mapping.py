@@ -121,6 +121,16 @@ def test_call_sites_and_fused_body_ops_come_from_the_locations():
     assert locs["_encoding_43_encode_32x320xf32_to_32x320xf32"]["sites"] == [["Add@36"]]
 
 
+def test_nodes_a_graph_rewrite_put_in_place_of_one_map_to_it():
+    g = graph(("Conv.78", "Conv", ["x"], ["c"], "Conv depthwise"),
+              ("blk__a", "Relu", ["c"], ["r"]), ("Add.1", "Add", ["r", "c"], ["y"]))
+    # abi_rewrites names its nodes <replaced node>__<part>; the original name may hold "__"
+    assert g.ordered(["Add.1", "Conv.78__tap0_1", "Conv.78__sum", "blk__a__pad", "other__x"]) == \
+        ["Conv.78", "blk__a", "Add.1"]
+    assert (g.known("Conv.78__mul2_2"), g.known("blk__a"), g.known("Conv.7__sum")) == \
+        ("Conv.78", "blk__a", None)
+
+
 def test_iree_entries_take_the_call_sites_and_count_a_dispatch_under_its_own_kind():
     g = graph(("Conv@43", "Conv", ["x"], ["c43"], "Conv depthwise"),
               ("Add@33", "Add", ["c43"], ["a"]), ("Clip@14", "Clip", ["a"], ["cl"]),
@@ -157,6 +167,15 @@ def test_an_elementwise_dispatch_holding_a_conv_bias_counts_as_elementwise():
     stats = {k: {"ms": 1.0, "calls": 1} for k in locs}
     cats = {e["kind"]: e["category"] for e in P.iree_entries(stats, locs, g)}
     assert cats == {"elementwise": "Resize", "matmul_like": "Conv pointwise"}
+
+
+def test_an_elementwise_dispatch_a_rewrite_made_of_a_conv_counts_as_that_conv():
+    g = graph(("Conv.78", "Conv", ["x"], ["c"], "Conv depthwise"), ("Relu.1", "Relu", ["c"], ["r"]))
+    locs = {"main$async_dispatch_9_elementwise_64x120x160_f32":  # depthwise_conv_as_slices
+            {"sites": [["Conv.78__tap0_0", "Conv.78__mul0_0", "Conv.78__sum", "Relu.1"]], "body": []}}
+    entry, = P.iree_entries({k: {"ms": 1.0, "calls": 1} for k in locs}, locs, g)
+    assert (entry["onnx_nodes"], entry["category"], entry["mapped_by"]) == (
+        ["Conv.78", "Relu.1"], "Conv depthwise", "locations")
 
 
 def test_read_benchmark_takes_the_run_and_each_dispatch_per_iteration():
@@ -311,6 +330,10 @@ def test_names_as_printed():
              "fused": ["Add@33", "Clip@14", "Add@34"]}
     assert P.nodes_text(entry) == "Conv@43, Conv@48, Conv@50 +1 (+ Add, Clip)"
     assert P.nodes_text({"onnx_nodes": [], "fused": []}) == "-"
+    # the header says when entries were only placed by their dispatch's name
+    mapped = [{"mapped_by": "locations"}, {"mapped_by": "kind+shape"}, {"mapped_by": "none"}]
+    assert P._guessed(mapped) == ", 1 of them only by kind+shape (the dispatch name's op and dims)"
+    assert P._guessed(mapped[:1]) == ""
 
 
 def test_only_profiles_of_the_current_artifacts_reach_the_report(tmp_path):
