@@ -127,7 +127,8 @@ def depthwise_model(kernel: int, strides, bias: bool, auto_pad: str | None = Non
 DW_X = np.random.default_rng(8).standard_normal((1, 8, 9, 11)).astype(np.float32)
 
 
-@pytest.mark.parametrize("rewrite", ["depthwise_conv_as_slices", "depthwise_conv_as_dense"])
+@pytest.mark.parametrize("rewrite", ["depthwise_conv_as_slices", "depthwise_conv_as_slice_chunks",
+                                     "depthwise_conv_as_dense"])
 @pytest.mark.parametrize("kernel,strides,bias,auto_pad", [(3, (1, 1), True, None), (3, (2, 1), False, None),
                                                           (5, (2, 2), True, None), (3, (2, 2), True, "SAME_UPPER"),
                                                           (5, (1, 2), False, "SAME_LOWER"), (3, (1, 1), True, "VALID")])
@@ -140,13 +141,34 @@ def test_depthwise_rewrites_are_the_same_function(rewrite, kernel, strides, bias
     expected = ort_run(model, DW_X)
     assert REWRITES[rewrite](model) == ["op"]
     ops = {n.op_type for n in model.graph.node}
-    assert ("Slice" in ops and "Sum" in ops) if rewrite.endswith("slices") else ("Conv" in ops)
+    assert ("Slice" in ops and "Sum" in ops) if "slice" in rewrite else ("Conv" in ops)
+    assert ("ReduceSum" in ops) == (rewrite.endswith("chunks") and kernel > 3)
     conv = [n for n in model.graph.node if n.op_type == "Conv"]
     assert all(a.i == 1 for n in conv for a in n.attribute if a.name == "group")
     assert not [a for n in conv for a in n.attribute if a.name == "pads" and any(a.ints)]  # padded before, not by the Conv
     tol = 1e-5 * np.abs(expected).max()
     assert np.abs(ort_run(model, DW_X) - expected).max() <= tol
     assert np.abs(iree_run(model, DW_X, tmp_path) - expected).max() <= tol
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_slice_chunks_sum_a_5x5_kernel_in_chunks_of_7_and_keep_3x3_as_one_sum(opset):
+    """A 5x5 kernel's 25 taps + bias in 4 Sums of at most 7 terms (IREE fuses at most 16
+    operands into one op, two per tap), stacked and reduced; a 3x3 kernel exactly as
+    depthwise_conv_as_slices writes it; axes as attributes below opset 13."""
+    from pipeline.stages.abi_rewrites import depthwise_conv_as_slice_chunks, depthwise_conv_as_slices
+    model = depthwise_model(5, (1, 1), True)
+    model.opset_import[0].version = opset
+    expected = ort_run(model, DW_X)
+    assert depthwise_conv_as_slice_chunks(model) == ["op"]
+    sums = [n for n in model.graph.node if n.op_type == "Sum"]
+    assert sorted(len(n.input) for n in sums) == [5, 7, 7, 7]
+    reduce, = [n for n in model.graph.node if n.op_type == "ReduceSum"]
+    assert (len(reduce.input) == 1) == (opset < 13)  # axes: an attribute before 13, an input since
+    assert np.abs(ort_run(model, DW_X) - expected).max() <= 1e-5 * np.abs(expected).max()
+    small, same = depthwise_model(3, (2, 1), True), depthwise_model(3, (2, 1), True)
+    assert depthwise_conv_as_slice_chunks(small) == depthwise_conv_as_slices(same) == ["op"]
+    assert small.SerializeToString(deterministic=True) == same.SerializeToString(deterministic=True)
 
 
 def test_depthwise_conv3x3_as_slices_leaves_larger_kernels_alone():
