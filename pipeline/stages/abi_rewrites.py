@@ -291,21 +291,20 @@ def depthwise_conv_as_slice_chunks(model) -> list[str]:
             return
         n = -(-len(terms) // _TERMS_PER_CHUNK)
         size = -(-len(terms) // n)  # n chunks of about the same size
-        axis = {"inputs": [const(f"{conv.prefix}_axis0", np.array([0], np.int64))]} if axes_as_input \
-            else {"attrs": {"axes": [0]}}
+        axis = [const(f"{conv.prefix}_axis0", np.array([0], np.int64))] if axes_as_input else []
+        attrs = {} if axes_as_input else {"axes": [0]}
         stacked = []
         for g in range(n):
             part = f"{conv.prefix}_part{g}"
             nodes.append(helper.make_node("Sum", terms[g * size:(g + 1) * size], [part],
                                           name=f"{conv.name}__part{g}"))
-            nodes.append(helper.make_node("Unsqueeze", [part, *axis.get("inputs", [])], [f"{part}_1"],
-                                          name=f"{conv.name}__stack{g}", **axis.get("attrs", {})))
+            nodes.append(helper.make_node("Unsqueeze", [part, *axis], [f"{part}_1"],
+                                          name=f"{conv.name}__stack{g}", **attrs))
             stacked.append(f"{part}_1")
         nodes.append(helper.make_node("Concat", stacked, [f"{conv.prefix}_parts"], axis=0,
                                       name=f"{conv.name}__parts"))
-        nodes.append(helper.make_node("ReduceSum", [f"{conv.prefix}_parts", *axis.get("inputs", [])],
-                                      list(conv.node.output), name=f"{conv.name}__sum", keepdims=0,
-                                      **axis.get("attrs", {})))
+        nodes.append(helper.make_node("ReduceSum", [f"{conv.prefix}_parts", *axis],
+                                      list(conv.node.output), name=f"{conv.name}__sum", keepdims=0, **attrs))
     return _rewrite_convs(model, _depthwise_convs(model), chunks, _pad)
 
 
