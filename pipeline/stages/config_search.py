@@ -6,9 +6,10 @@ on this machine, every candidate -- "default" (the ABI's own flags) and each of 
 (pipeline/targets/<target>.yaml) -- is
   1. compiled by the iree_compile stage's own step, the candidate's flags added as a build adds a
      pinned config's (the same step key: the next build restores the winner from the store);
-     A candidate whose rewrites change nothing in this model beyond an earlier candidate's with
-     the same flags (upsample-d2s on a model without ConvTranspose) would be those very bytes:
-     it is recorded as `same-as` that one and neither built nor timed;
+     A candidate whose flags and rewritten graph are an earlier candidate's (upsample-d2s on a
+     model without ConvTranspose; dw-chunks where no depthwise kernel is above 3x3, the graph
+     of dw-slices) would be those very bytes: it is recorded as `same-as` that one and neither
+     built nor timed;
   2. validated by the validate stage's own step (the same run, the same tolerance check);
   3. when it validated, timed: every validated candidate, the model's TVM artifacts as the build
      makes them, and onnxruntime on the static model, side by side in ONE child process,
@@ -160,22 +161,24 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
     abis = [a for a in timed_here(target) if built(project, model, target, a)]
     total = sum(len(candidates(a)) for a in abis)
     results, timed, done = {}, [], 0
-    touches = _touches(static_model(layout, model), {r for a in abis for c in candidates(a)
-                                                      for r in c["rewrites"]})
+    static = static_model(layout, model)
+    touches = _touches(static, {r for a in abis for c in candidates(a) for r in c["rewrites"]})
+    graphs = _GraphDigests(static)
     for abi in abis:
         results[abi.name], seen = {}, {}
         for config in candidates(abi):
             done += 1
-            same = (tuple(config["flags"]), tuple(r for r in config["rewrites"] if touches[r]))
+            same = (tuple(config["flags"]), graphs.of(config["rewrites"]))
             if same in seen:
                 idle = [r for r in config["rewrites"] if not touches[r]]
+                how = (f"its rewrites {', '.join(idle)} change nothing" if idle else
+                       f"its rewrites give the same graph")
                 results[abi.name][config["name"]] = {
                     "flags": list(config["flags"]), "rewrites": list(config["rewrites"]),
                     "status": "same-as", "same_as": seen[same],
-                    "why": f"{', '.join(idle)} change(s) nothing in this model: the graph and "
-                           f"flags of {seen[same]}"}
+                    "why": f"{how} in this model: the graph and flags of {seen[same]}"}
                 say(f"{PROGRESS}{where}/{abi.name}: candidate {done}/{total} {config['name']} "
-                    f"is {seen[same]} here (its rewrites {', '.join(idle)} change nothing)")
+                    f"is {seen[same]} here ({how})")
                 continue
             seen[same] = config["name"]
             say(f"{PROGRESS}{where}/{abi.name}: candidate {done}/{total} {config['name']} "
@@ -226,6 +229,30 @@ def _touches(static: Path, rewrites: set) -> dict[str, bool]:
         copy.CopyFrom(model)
         found[name] = bool(REWRITES[name](copy))
     return found
+
+
+class _GraphDigests:
+    """The sha256 of the static model as each list of rewrites leaves it (applied in order to a
+    copy, serialized deterministically, as the compile stage writes it): two candidates with
+    the same digest and flags compile the same bytes. Computed once per list."""
+
+    def __init__(self, static: Path):
+        self.static, self.model, self.known = static, None, {}
+
+    def of(self, rewrites) -> str:
+        key = tuple(rewrites)
+        if key not in self.known:
+            import hashlib
+            import onnx
+            from .abi_rewrites import REWRITES
+            if self.model is None:
+                self.model = onnx.load(str(self.static))
+            copy = onnx.ModelProto()
+            copy.CopyFrom(self.model)
+            for name in key:
+                REWRITES[name](copy)
+            self.known[key] = hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+        return self.known[key]
 
 
 def followers_of(target, abi) -> list[tuple]:

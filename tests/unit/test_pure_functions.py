@@ -84,3 +84,33 @@ def test_the_abi_rewrites_the_spec_accepts_are_those_the_compile_stage_has():
     from pipeline.spec.target import ABI_REWRITES
     from pipeline.stages.abi_rewrites import REWRITES
     assert set(ABI_REWRITES) == set(REWRITES)
+
+
+def _depthwise_model(path, kernel: int):
+    """x -> depthwise Conv (kernel x kernel, 4 channels, same padding) -> y, weights constant."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    weight = np.arange(4 * kernel * kernel, dtype=np.float32).reshape(4, 1, kernel, kernel) / 10
+    pad = kernel // 2
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=4, kernel_shape=[kernel, kernel],
+                          pads=[pad] * 4)], "dw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(weight, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+def test_the_search_knows_two_rewrite_lists_that_leave_the_same_graph(tmp_path):
+    """dw-chunks differs from dw-slices only on kernels above 3x3: on a 3x3 model the two give
+    one graph (the search records the second as same-as, unbuilt), on a 5x5 model two; a rewrite
+    with nothing to rewrite leaves the graph as it was."""
+    from pipeline.stages.config_search import _GraphDigests
+    slices, chunks = ["depthwise_conv_as_slices"], ["depthwise_conv_as_slice_chunks"]
+    small = _GraphDigests(_depthwise_model(tmp_path / "k3.onnx", 3))
+    assert small.of(slices) == small.of(chunks) != small.of([])
+    assert small.of(["conv_transpose_as_depth_to_space"]) == small.of([])
+    large = _GraphDigests(_depthwise_model(tmp_path / "k5.onnx", 5))
+    assert len({large.of(slices), large.of(chunks), large.of([])}) == 3
