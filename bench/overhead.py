@@ -76,6 +76,16 @@ def edit_spec(spec: Path, signature: dict) -> str:
     return f"input {name} {old} -> {entry['shape']}"
 
 
+def model_to_edit(models) -> str | None:
+    """The first model (not a variant) with a dynamic dim to rebind, preferably one that no
+    variant derives from: an int8 variant may rightly fail its accuracy gate at another shape
+    (ppocr_cls.int8 at 48x160), and a failed build re-runs less than the chain."""
+    rebindable = [m.name for m in models if "." not in m.name and any(
+        not isinstance(d, int) for i in m.signature["inputs"] for d in i["dims"])]
+    alone = [n for n in rebindable if not any(m.name.startswith(f"{n}.") for m in models)]
+    return next(iter(alone + rebindable), None)
+
+
 def predicted_chain(models: Path, artifacts: Path, target: str, before: dict) -> list[str]:
     """doit tasks the edit must re-run: fingerprint changed, or downstream of one that did."""
     from pipeline.graph import load_project
@@ -166,9 +176,8 @@ def main(argv=None) -> int:
         project = load_project(models, artifacts, args.target)
         before = _steps(project)
         _memo.save()
-        if args.model is None:  # the first model with a dynamic dim to rebind
-            model = next((m.name for m in project.models if "." not in m.name and any(
-                not isinstance(d, int) for i in m.signature["inputs"] for d in i["dims"])), model)
+        if args.model is None:
+            model = model_to_edit(project.models) or model
         signature = next(m.signature for m in project.models if m.name == model)
         what = edit_spec(models / model / "model.yaml", signature)
         expected = predicted_chain(models, artifacts, args.target, before)

@@ -114,3 +114,19 @@ def test_the_search_knows_two_rewrite_lists_that_leave_the_same_graph(tmp_path):
     assert small.of(["conv_transpose_as_depth_to_space"]) == small.of([])
     large = _GraphDigests(_depthwise_model(tmp_path / "k5.onnx", 5))
     assert len({large.of(slices), large.of(chunks), large.of([])}) == 3
+
+
+def test_the_overhead_bench_edits_a_model_no_variant_derives_from():
+    """bench/overhead.py's default edit: a model with a dynamic dim, one without variants first
+    (an int8 variant may fail its gate at the new shape), a model with variants when none is."""
+    from types import SimpleNamespace
+    from bench.overhead import model_to_edit
+
+    def model(name, *dims):
+        return SimpleNamespace(name=name, signature={"inputs": [{"name": "x", "dims": list(dims)}]})
+    fixed, cls = model("face", 1, 3, 192, 192), model("cls", "n", 3, 48, "w")
+    det = model("det", 1, 3, "h", "w")
+    variants = [model("cls.int8", "n", 3, 48, "w"), model("cls.48x320", "n", 3, 48, "w")]
+    assert model_to_edit([fixed, cls, *variants, det]) == "det"
+    assert model_to_edit([fixed, cls, *variants]) == "cls"
+    assert model_to_edit([fixed]) is None
