@@ -42,7 +42,7 @@ from pathlib import Path
 from ..core.errors import PipelineError
 from ..core.layout import REPO
 from ..core.steps import execute
-from ..core.store import atomic_write_text, sha256_file
+from ..core.store import atomic_write_text, sha256_bytes, sha256_file
 from ..core.tools import cpu_model, distribution_version, python_module_argv, run_tool
 from ..spec.common import display, read_yaml
 from ..spec.target import DEFAULT_CONFIG, PIN_FORMAT, known_targets, load_target, pin_path
@@ -161,18 +161,16 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
     abis = [a for a in timed_here(target) if built(project, model, target, a)]
     total = sum(len(candidates(a)) for a in abis)
     results, timed, done = {}, [], 0
-    static = static_model(layout, model)
-    touches = _touches(static, {r for a in abis for c in candidates(a) for r in c["rewrites"]})
-    graphs = _GraphDigests(static)
+    graphs = _GraphDigests(static_model(layout, model))
     for abi in abis:
         results[abi.name], seen = {}, {}
         for config in candidates(abi):
             done += 1
             same = (tuple(config["flags"]), graphs.of(config["rewrites"]))
             if same in seen:
-                idle = [r for r in config["rewrites"] if not touches[r]]
+                idle = [r for r in config["rewrites"] if graphs.idle(r)]
                 how = (f"its rewrites {', '.join(idle)} change nothing" if idle else
-                       f"its rewrites give the same graph")
+                       "its rewrites give the same graph")
                 results[abi.name][config["name"]] = {
                     "flags": list(config["flags"]), "rewrites": list(config["rewrites"]),
                     "status": "same-as", "same_as": seen[same],
@@ -216,25 +214,11 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
     return entry
 
 
-def _touches(static: Path, rewrites: set) -> dict[str, bool]:
-    """Per rewrite, whether it changes anything in the static model (run on a copy each)."""
-    import onnx
-    from .abi_rewrites import REWRITES
-    if not rewrites:
-        return {}
-    model = onnx.load(str(static))
-    found = {}
-    for name in sorted(rewrites):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        found[name] = bool(REWRITES[name](copy))
-    return found
-
-
 class _GraphDigests:
     """The sha256 of the static model as each list of rewrites leaves it (applied in order to a
     copy, serialized deterministically, as the compile stage writes it): two candidates with
-    the same digest and flags compile the same bytes. Computed once per list."""
+    the same digest and flags compile the same bytes. Computed once per list; the model is
+    loaded once."""
 
     def __init__(self, static: Path):
         self.static, self.model, self.known = static, None, {}
@@ -242,7 +226,6 @@ class _GraphDigests:
     def of(self, rewrites) -> str:
         key = tuple(rewrites)
         if key not in self.known:
-            import hashlib
             import onnx
             from .abi_rewrites import REWRITES
             if self.model is None:
@@ -251,8 +234,12 @@ class _GraphDigests:
             copy.CopyFrom(self.model)
             for name in key:
                 REWRITES[name](copy)
-            self.known[key] = hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+            self.known[key] = sha256_bytes(copy.SerializeToString(deterministic=True))
         return self.known[key]
+
+    def idle(self, rewrite: str) -> bool:
+        """Whether `rewrite` alone leaves the model as it is (nothing in it to rewrite)."""
+        return self.of([rewrite]) == self.of([])
 
 
 def followers_of(target, abi) -> list[tuple]:
