@@ -458,10 +458,16 @@ REWRITES = {"depthwise_conv_as_dense": depthwise_conv_as_dense,
             "strided_conv_as_im2col": strided_conv_as_im2col}
 
 
+def rewritten(model, names) -> tuple[bytes, list[dict]]:
+    """`model` (an onnx ModelProto, changed in place) rewritten by `names` in order: its bytes as
+    the compile stage writes them, and what each rewrite touched."""
+    done = [{"rewrite": name, "nodes": REWRITES[name](model)} for name in names]
+    return model.SerializeToString(deterministic=True), done
+
+
 def apply(source: Path, names: list[str], dest: Path) -> list[dict]:
     """Write `source` rewritten by `names` (in order) to `dest`; returns what each touched."""
     import onnx
-    model = onnx.load(str(source))
-    done = [{"rewrite": name, "nodes": REWRITES[name](model)} for name in names]
-    dest.write_bytes(model.SerializeToString(deterministic=True))
+    data, done = rewritten(onnx.load(str(source)), names)
+    dest.write_bytes(data)
     return done

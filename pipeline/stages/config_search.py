@@ -215,8 +215,8 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
 
 
 class _GraphDigests:
-    """The sha256 of the static model as each list of rewrites leaves it (applied in order to a
-    copy, serialized deterministically, as the compile stage writes it): two candidates with
+    """The sha256 of the static model as each list of rewrites leaves it (abi_rewrites.rewritten
+    on a copy: the bytes the compile stage writes): two candidates with
     the same digest and flags compile the same bytes. Computed once per list; the model is
     loaded once."""
 
@@ -227,14 +227,12 @@ class _GraphDigests:
         key = tuple(rewrites)
         if key not in self.known:
             import onnx
-            from .abi_rewrites import REWRITES
+            from .abi_rewrites import rewritten
             if self.model is None:
                 self.model = onnx.load(str(self.static))
             copy = onnx.ModelProto()
             copy.CopyFrom(self.model)
-            for name in key:
-                REWRITES[name](copy)
-            self.known[key] = sha256_bytes(copy.SerializeToString(deterministic=True))
+            self.known[key] = sha256_bytes(rewritten(copy, key)[0])
         return self.known[key]
 
     def idle(self, rewrite: str) -> bool:
