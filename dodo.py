@@ -25,6 +25,7 @@ tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulate
 curve=1 [points=0,25,50,100 rounds=N seconds=S warmup=N threads=N] (trials vs latency).
 """
 import sys
+import time
 
 from doit import create_after, get_var
 
@@ -44,7 +45,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.settings import flag, setting
 from pipeline.core.steps import doit_call, doit_task, rerun_stages
 from pipeline.diagnose import bisect
-from pipeline.graph import STAGES, load_project
+from pipeline.graph import STAGES, load_project, timeline
 from pipeline.release import cache, release, signing, verify
 from pipeline.stages import accuracy, config_search, coverage, tvm_tune
 from pipeline.stages.plan import coverage_file
@@ -147,7 +148,7 @@ _READ_ONLY_COMMAND = any(a in _READ_ONLY for a in sys.argv[1:])  # no task is na
 # One build at a time per artifacts folder (pipeline/core/lock.py): every command that may write
 # there takes the lock; those that only read it, and verify/keygen, do not. wait=0: fail at once.
 _NO_LOCK_COMMANDS = {"list", "info", "dumpdb", "help", "tabcompletion", "strace"}
-_NO_LOCK_TASKS = {"verify", "keygen"}
+_NO_LOCK_TASKS = {"verify", "keygen", "timings"}
 _WORDS = [a for a in sys.argv[1:] if not a.startswith("-") and "=" not in a]
 _READS_ONLY = (set(_WORDS) & _NO_LOCK_COMMANDS or (_WORDS and set(_WORDS) <= _NO_LOCK_TASKS | {"run"})
                or _WORDS[-2:] == ["cache", "status"])
@@ -173,9 +174,24 @@ if not _READ_ONLY_COMMAND:
         executed="coverage", creates=[s.name for s in STAGES if s.after_coverage])(task_after_coverage)
 
 
+_STARTED = time.time()
+
+
 def task_build():
     """build every model for target=NAME (default: all targets) and write its manifest"""
-    return {"actions": None, "task_dep": ["_snapshot"]}  # the loaded targets' (target=NAME)
+    return {"actions": None, "task_dep": ["_timings", "_snapshot"]}  # the loaded targets' (target=NAME)
+
+
+def task__timings():
+    """(private) at the end of the command, failed or not: time per stage and the slowest steps"""
+    return {"actions": [], "teardown": [(timeline.build_summary, [PROJECT.layout, _STARTED])],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_timings():
+    """where the last build's time went: per stage, the slowest steps, the critical path [target=NAME]"""
+    return {"actions": [(doit_call, [timeline.command, PROJECT])], "uptodate": [False],
+            "verbosity": 2}
 
 
 def task__snapshot():

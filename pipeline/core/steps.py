@@ -27,6 +27,7 @@ from .codehash import code_digest
 from .errors import PipelineError
 from .layout import Layout
 from .store import DamagedObject, Store, pretty_json, sha256_file, step_key, atomic_write_text
+from .timings import meter, write as write_timing
 from .tools import versions
 
 RECORD = "step.json"
@@ -194,7 +195,18 @@ def rerun_stages(stages) -> None:
 
 
 def execute(step: Step) -> str:
-    """Bring step.out_dir up to date; returns how ("fresh", "restored", "ran")."""
+    """Bring step.out_dir up to date; returns how ("fresh", "restored", "ran"). How long it
+    took is written beside its log (core/timings.py), outside the key and the store."""
+    how = "failed"
+    try:
+        with meter() as measured:
+            how = _execute(step)
+    finally:  # the meter has filled `measured` in once its block is left
+        write_timing(step.log, step.stage, step.name, how, measured)
+    return how
+
+
+def _execute(step: Step) -> str:
     parts = step.key_parts()
     key = step_key(parts)
     rerun = step.stage in _RERUN

@@ -1,0 +1,137 @@
+"""Where build time goes: each step's wall and CPU time, and the peak memory of the tools it ran.
+
+A step that runs writes `logs/<stage>/<step>.timing.json` beside its log: how it came up to date
+(`ran`, `restored` from the store, `fresh` on disk), wall seconds, CPU seconds of this process
+and of the tools it started, and the largest resident set of any tool it started (Linux's
+`wait4` rusage of each child; a tool that stays below the build process's own size is not
+told apart from it, since Linux counts the forking process into the child's peak; onnxruntime
+and the compilers' Python bindings run in-process, where only the time is measured). These figures are measurements, not build results: they live
+outside the step key, the store and the manifest, so they never change an artifact's bytes.
+
+`summary` reads the records a build wrote (those finished since it started) into the lines
+`doit build` prints at its end: time per stage and the slowest steps. `doit timings` (see
+pipeline/graph/timeline.py) adds the critical path through the graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIX = ".timing.json"
+WORKED = ("ran", "failed")  # steps whose time was spent on work (not restored, not fresh)
+_children_peak_kb = 0  # the largest ru_maxrss of a tool finished inside the current meter
+
+
+def own_rss_kb() -> int:
+    """This process's resident set now (kB), or 0 where /proc is missing."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def note_child(usage, parent_rss_kb: int) -> None:
+    """Called by tools._stream with the rusage of each tool it waited for. Linux counts the
+    size of the process that forked the tool into the tool's peak, so a peak that is not above
+    `parent_rss_kb` (ours when it started) says nothing of the tool itself and is not counted."""
+    global _children_peak_kb
+    if usage.ru_maxrss > parent_rss_kb:
+        _children_peak_kb = max(_children_peak_kb, int(usage.ru_maxrss))
+
+
+@dataclass
+class Measured:
+    wall_s: float = 0.0
+    cpu_s: float = 0.0            # this process, user + system
+    tools_cpu_s: float = 0.0      # the tools it waited for (and their children), user + system
+    tools_peak_rss_mb: float | None = None  # None: no tool ran
+
+
+@contextlib.contextmanager
+def meter():
+    """Measure the body: yields a Measured filled in when the body ends (also on failure)."""
+    global _children_peak_kb
+    saved, _children_peak_kb = _children_peak_kb, 0
+    start, t0 = time.perf_counter(), os.times()
+    result = Measured()
+    try:
+        yield result
+    finally:
+        t1 = os.times()
+        result.wall_s = time.perf_counter() - start
+        result.cpu_s = (t1.user - t0.user) + (t1.system - t0.system)
+        result.tools_cpu_s = (t1.children_user - t0.children_user) + \
+            (t1.children_system - t0.children_system)
+        if _children_peak_kb:
+            result.tools_peak_rss_mb = round(_children_peak_kb / 1024, 1)
+        _children_peak_kb = max(saved, _children_peak_kb)
+
+
+def record_path(log: Path) -> Path:
+    return log.with_name(log.name[: -len(".log")] + SUFFIX if log.name.endswith(".log")
+                         else log.name + SUFFIX)
+
+
+def write(log: Path, stage: str, name: str, how: str, measured: Measured) -> None:
+    """The step's timing record beside its log (best effort: a full disk must not fail a step
+    that succeeded because its timing could not be written)."""
+    doc = {"stage": stage, "name": name, "how": how, "wall_s": round(measured.wall_s, 3),
+           "cpu_s": round(measured.cpu_s, 3), "tools_cpu_s": round(measured.tools_cpu_s, 3),
+           "tools_peak_rss_mb": measured.tools_peak_rss_mb, "finished": round(time.time(), 3)}
+    path = record_path(log)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def read_all(logs: Path, since: float = 0.0) -> list[dict]:
+    """Every timing record under `logs` finished at or after `since` (epoch seconds)."""
+    found = []
+    for path in sorted(logs.glob(f"*/*{SUFFIX}")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("finished", 0) >= since:
+            found.append(doc)
+    return found
+
+
+def by_stage(records: list[dict]) -> list[tuple[str, int, float, float]]:
+    """(stage, steps run, wall s, CPU s incl. tools) per stage, the costliest first."""
+    totals: dict[str, list] = {}
+    for r in records:
+        if r["how"] not in WORKED:
+            continue
+        t = totals.setdefault(r["stage"], [0, 0.0, 0.0])
+        t[0] += 1
+        t[1] += r["wall_s"]
+        t[2] += r["cpu_s"] + r["tools_cpu_s"]
+    return sorted(((s, n, w, c) for s, (n, w, c) in totals.items()), key=lambda x: -x[2])
+
+
+def summary(records: list[dict], slowest: int = 8) -> str:
+    """The lines `doit build` prints at its end; empty when no step ran."""
+    ran = [r for r in records if r["how"] in WORKED]
+    if not ran:
+        return ""
+    restored = sum(r["how"] == "restored" for r in records)
+    failed = sum(r["how"] == "failed" for r in records)
+    lines = [f"modelyard: {len(ran)} steps ran{f' ({failed} failed)' if failed else ''} ({sum(r['wall_s'] for r in ran):.0f} s of step "
+             f"time), {restored} restored from the store; time per stage:"]
+    for stage, n, wall, cpu in by_stage(records):
+        lines.append(f"  {stage:<14} {n:>3} steps  {wall:8.1f} s wall  {cpu:8.1f} s CPU")
+    lines.append("slowest steps:")
+    for r in sorted(ran, key=lambda r: -r["wall_s"])[:slowest]:
+        mem = f", tools peak {r['tools_peak_rss_mb']:.0f} MB" if r["tools_peak_rss_mb"] else ""
+        end = " (failed)" if r["how"] == "failed" else ""
+        lines.append(f"  {r['wall_s']:8.1f} s  {r['stage']}:{r['name']}{mem}{end}")
+    return "\n".join(lines)
