@@ -1,14 +1,43 @@
 """Test inputs from a model's recipe, and the comparison of outputs with golden outputs.
 
-Metrics per output, computed in float64 over the flattened tensors:
-  max_abs   max |actual - expected|
-  mean_abs  mean |actual - expected|
-  cosine    cosine similarity (1.0 when both are all zeros)
-An output passes when max_abs <= tol.max_abs, mean_abs <= tol.mean_abs, cosine >= tol.cosine,
-and its shape and dtype equal the golden ones. Non-finite values never pass.
+An output is judged by the rule its golden dtype calls for (`compared` in its row):
+
+float    max_abs   max |actual - expected|, in float64 over the flattened tensors
+         mean_abs  mean |actual - expected|
+         cosine    cosine similarity: the direction of the output, whatever its scale
+  It passes when max_abs <= tol.max_abs, mean_abs <= tol.mean_abs and cosine >= tol.cosine.
+  Cosine is only meaningful when golden stands out of the absolute tolerance. When golden is
+  zero at the tolerance's resolution (its largest magnitude within max_abs and its mean
+  magnitude within mean_abs: an all-zero output would pass; e.g. a segmentation map that is ~0
+  everywhere on random test inputs), its direction is rounding noise, and the cosine of two
+  noise vectors (0 against an all-zero side) says nothing about the artifact. Such an output is
+  judged on max_abs and mean_abs alone; an artifact far from zero still fails on them. Never
+  silently: its row has `cosine: null` and `cosine_skipped` says why. An empty output passes
+  the same way. So the looser the absolute bounds, the more outputs this takes in: a bound
+  above everything an output holds (a gate's max_abs 0.1 on probabilities of 0.05) leaves only
+  the absolute figures to judge it, and the row says so.
+integer  class ids, token ids, quantized uint8/int8 tensors: element by element, exactly; a
+  quantized output may be allowed `tol.integer_steps` quantization steps (default 0). The row
+  gives `mismatches` (elements off by any step), `mismatch_fraction` and `max_steps`; max_abs and
+  mean_abs are in steps. Exact for every integer dtype (int8 -128 vs 127 is 255 steps).
+bool     masks: `mismatches` and `mismatch_fraction`, which must be at most
+  `tol.bool_mismatch` (default 0: exact); max_abs is 1 if any element differs, mean_abs the
+  fraction.
+Integer and bool rows have `cosine: null` and `cosine_skipped` naming their rule.
+
+Always failures: a shape or dtype other than golden's (with no figures when the dtype is of
+another kind, e.g. float for an integer golden), a non-finite value on either side (golden
+included: no tolerance judges a NaN). Every row keeps max_abs, mean_abs and cosine (what the
+manifest, the bench report and config search read), `failures` (empty when it passed) and
+`cosine_skipped` (null when cosine judged the output).
+
+The tolerance is a dict as the spec's Tolerance.as_dict gives it: max_abs, mean_abs and cosine,
+and the optional integer_steps and bool_mismatch (left out at their defaults: a spec that gives
+neither records the tolerance it always did).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,43 +66,150 @@ def make_input(spec: dict, file: Path | None = None) -> np.ndarray:
     return rng.uniform(rnd["low"], rnd["high"], size=shape).astype(dtype)
 
 
-def _finite_or_none(x: float) -> float | None:
+TOLERANCE_KEYS = ("max_abs", "mean_abs", "cosine")  # required numbers
+TOLERANCE_DEFAULTS = {"integer_steps": 0, "bool_mismatch": 0.0}  # optional
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def tolerance_problems(name: str, tolerance: dict):
+    """The rule of a tolerance as `compare` takes it (the stages that compare with golden check
+    their configs with it)."""
+    keys, optional = set(tolerance), ", ".join(TOLERANCE_DEFAULTS)
+    if not set(TOLERANCE_KEYS) <= keys <= {*TOLERANCE_KEYS, *TOLERANCE_DEFAULTS} or not all(
+            _number(tolerance[k]) for k in TOLERANCE_KEYS):
+        yield (f"{name} must give the numbers {', '.join(TOLERANCE_KEYS)} (and optionally "
+               f"{optional}), got {tolerance!r}")
+        return
+    steps = tolerance.get("integer_steps", 0)
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        yield f"{name}.integer_steps must be a whole number of steps, at least 0, got {steps!r}"
+    fraction = tolerance.get("bool_mismatch", 0.0)
+    if not (_number(fraction) and 0 <= fraction <= 1):
+        yield f"{name}.bool_mismatch must be a fraction of the elements, 0 to 1, got {fraction!r}"
+
+
+def _kind(dtype) -> str:
+    """Which rule judges an output of this dtype (see the module docstring)."""
     import numpy as np
-    return float(x) if np.isfinite(x) else None
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return "bool"
+    return "integer" if np.issubdtype(dtype, np.integer) else "float"
 
 
 def compare_one(name: str, actual: np.ndarray, expected: np.ndarray, tol: dict) -> dict:
-    import numpy as np
+    """One output against its golden output: the row validation.json records."""
+    kind = _kind(expected.dtype)
     row = {"name": name, "shape": list(expected.shape), "dtype": str(expected.dtype),
-           "max_abs": None, "mean_abs": None, "cosine": None, "failures": []}
+           "compared": kind, "max_abs": None, "mean_abs": None, "cosine": None,
+           "cosine_skipped": None, "failures": []}
     if actual.shape != expected.shape:
         row["failures"].append(f"shape {list(actual.shape)} != golden {list(expected.shape)}")
         return row
     if actual.dtype != expected.dtype:
         row["failures"].append(f"dtype {actual.dtype} != golden {expected.dtype}")
-    a = actual.astype(np.float64).ravel()
-    e = expected.astype(np.float64).ravel()
-    if not np.all(np.isfinite(a)) and np.all(np.isfinite(e)):
-        row["failures"].append(f"{int(np.sum(~np.isfinite(a)))} non-finite values (golden has none)")
-    diff = np.abs(a - e)
-    row["max_abs"] = _finite_or_none(diff.max()) if diff.size else 0.0
-    row["mean_abs"] = _finite_or_none(diff.mean()) if diff.size else 0.0
-    na, ne = np.linalg.norm(a), np.linalg.norm(e)
-    if na == 0 and ne == 0:
-        row["cosine"] = 1.0
-    elif na == 0 or ne == 0:
-        row["cosine"] = 0.0
-    else:
-        row["cosine"] = _finite_or_none(np.dot(a, e) / (na * ne))
-    for metric, limit, worse in (("max_abs", tol["max_abs"], "above"),
-                                 ("mean_abs", tol["mean_abs"], "above"),
-                                 ("cosine", tol["cosine"], "below")):
-        value = row[metric]
-        if value is None:
-            row["failures"].append(f"{metric} is not finite")
-        elif (value > limit) if worse == "above" else (value < limit):
-            row["failures"].append(f"{metric} {value:.3g} is {worse} the tolerance {limit:.3g}")
+        if _kind(actual.dtype) != kind:
+            return row
+    judge = {"float": _floats, "integer": _integers, "bool": _bools}[kind]
+    judge(row, actual.ravel(), expected.ravel(), {**TOLERANCE_DEFAULTS, **tol})
     return row
+
+
+def _floats(row: dict, actual, expected, tol: dict) -> None:
+    import numpy as np
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    bad_a, bad_e = int(np.sum(~np.isfinite(a))), int(np.sum(~np.isfinite(e)))
+    if bad_e:
+        row["failures"].append(f"golden has {bad_e} non-finite values: no tolerance can judge them")
+    if bad_a:
+        row["failures"].append(f"{bad_a} non-finite values" + ("" if bad_e else " (golden has none)"))
+    if bad_a or bad_e:
+        return
+    diff = np.abs(a - e)
+    row["max_abs"] = float(diff.max()) if diff.size else 0.0
+    row["mean_abs"] = float(diff.mean()) if diff.size else 0.0
+    row["cosine_skipped"] = _why_no_cosine(e, tol)
+    for metric in ("max_abs", "mean_abs"):
+        if row[metric] > tol[metric]:
+            row["failures"].append(f"{metric} {row[metric]:.3g} is above the tolerance "
+                                   f"{tol[metric]:.3g}")
+    if row["cosine_skipped"] is None:  # 7 digits: a cosine tolerance is 0.99999 or so
+        row["cosine"] = _cosine(a, e)
+        if row["cosine"] < tol["cosine"]:
+            row["failures"].append(f"cosine {row['cosine']:.7g} is below the tolerance "
+                                   f"{tol['cosine']:.7g}")
+
+
+def _cosine(a, e) -> float:
+    """Cosine similarity of `a` and of `e`, which is not all zeros. Each is scaled by its peak
+    first: no overflow, and equal outputs give exactly 1."""
+    import numpy as np
+    peak = np.abs(a).max()
+    if peak == 0:
+        return 0.0
+    a, e = a / peak, e / np.abs(e).max()
+    return float(np.clip(np.dot(a, e) / np.sqrt(np.dot(a, a) * np.dot(e, e)), -1, 1))
+
+
+def _why_no_cosine(expected, tol: dict) -> str | None:
+    """Why cosine cannot judge an output whose golden is `expected`; None when it can."""
+    import numpy as np
+    if expected.size == 0:
+        return "the output is empty: nothing to compare"
+    peak, mean = float(np.abs(expected).max()), float(np.abs(expected).mean())
+    if peak > tol["max_abs"] or mean > tol["mean_abs"]:
+        return None
+    return (f"golden is zero at the tolerance's resolution (largest magnitude {peak:.3g} <= "
+            f"max_abs {tol['max_abs']:.3g}, mean {mean:.3g} <= mean_abs {tol['mean_abs']:.3g}): "
+            f"its direction is noise, so max_abs and mean_abs judged the output, not cosine")
+
+
+def _steps(actual, expected):
+    """|actual - expected| per element of two integer arrays, exact for every integer dtype: the
+    difference of the larger and the smaller, both taken modulo 2**64, is the true one."""
+    import numpy as np
+    hi, lo = np.maximum(actual, expected), np.minimum(actual, expected)
+    if hi.dtype.kind == "f":  # int64 beside uint64 (a dtype failure already): the nearest float
+        return hi - lo
+    return hi.astype(np.uint64) - lo.astype(np.uint64)
+
+
+def _steps_text(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def _integers(row: dict, actual, expected, tol: dict) -> None:
+    steps, allowed, n = _steps(actual, expected), tol["integer_steps"], actual.size
+    off, most = int((steps != 0).sum()), int(steps.max()) if n else 0
+    row.update(max_abs=float(most), mean_abs=float(steps.mean()) if n else 0.0,
+               cosine_skipped="integer output: compared element by element, "
+                              + (f"within {_steps_text(allowed)}" if allowed else "exactly"),
+               mismatches=off, mismatch_fraction=off / n if n else 0.0, max_steps=most)
+    if most <= allowed:
+        return
+    row["failures"].append(
+        f"{int((steps > allowed).sum())} of {n} elements differ by more than the tolerance's "
+        f"integer_steps {allowed} (by up to {_steps_text(most)})" if allowed else
+        f"{off} of {n} elements differ (by up to {_steps_text(most)}): an integer output must "
+        f"match exactly (or within tolerance.integer_steps)")
+
+
+def _bools(row: dict, actual, expected, tol: dict) -> None:
+    allowed, n, off = tol["bool_mismatch"], actual.size, int((actual != expected).sum())
+    fraction = off / n if n else 0.0
+    row.update(max_abs=float(off > 0), mean_abs=fraction,
+               cosine_skipped="bool output: compared by the fraction of elements that differ",
+               mismatches=off, mismatch_fraction=fraction)
+    if fraction <= allowed:
+        return
+    row["failures"].append(
+        f"{off} of {n} elements differ ({fraction:.3g}), above the tolerance's bool_mismatch "
+        f"{allowed:.3g}" if allowed else
+        f"{off} of {n} elements differ: a bool output must match exactly (or within "
+        f"tolerance.bool_mismatch)")
 
 
 def compare(actual: list[np.ndarray], expected: list[np.ndarray], names: list[str],
@@ -85,6 +221,12 @@ def compare(actual: list[np.ndarray], expected: list[np.ndarray], names: list[st
     return {"passed": all(not r["failures"] for r in rows), "outputs": rows}
 
 
+def worst_cosine(rows: list[dict]) -> float | None:
+    """The lowest cosine among the rows it judged; None when it judged none (integer, bool or
+    near-zero outputs)."""
+    return min((r["cosine"] for r in rows if r["cosine"] is not None), default=None)
+
+
 def describe_failures(result: dict) -> str:
     lines = list(result.get("failures", []))
     for row in result["outputs"]:
@@ -93,11 +235,16 @@ def describe_failures(result: dict) -> str:
     return "; ".join(lines)
 
 
+def _figures(row: dict) -> str:
+    if "mismatches" in row:  # an integer or bool output
+        steps = f", up to {_steps_text(row['max_steps'])}" if "max_steps" in row else ""
+        return f"{row['mismatches']} of {math.prod(row['shape'])} elements differ{steps}"
+    fmt = lambda v: "n/a" if v is None else f"{v:.3g}"
+    cosine = "not used" if row.get("cosine_skipped") else (
+        "n/a" if row["cosine"] is None else f"{row['cosine']:.7g}")
+    return f"max_abs={fmt(row['max_abs'])} mean_abs={fmt(row['mean_abs'])} cosine={cosine}"
+
+
 def summary(result: dict) -> str:
     """One line of figures, e.g. for progress output and error messages."""
-    parts = []
-    for row in result["outputs"]:
-        fmt = lambda v: "n/a" if v is None else f"{v:.3g}"
-        parts.append(f"{row['name']}: max_abs={fmt(row['max_abs'])} mean_abs={fmt(row['mean_abs'])} "
-                     f"cosine={fmt(row['cosine'])}")
-    return "; ".join(parts)
+    return "; ".join(f"{row['name']}: {_figures(row)}" for row in result["outputs"])

@@ -22,6 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
+from ..core.numerics import TOLERANCE_DEFAULTS
+
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 try:
@@ -120,22 +122,37 @@ class Tolerance:
     max_abs: float
     mean_abs: float
     cosine: float  # minimum cosine similarity
+    integer_steps: int = 0      # how far an integer output element may be off
+    bool_mismatch: float = 0.0  # the fraction of a bool output's elements that may differ
 
     def as_dict(self) -> dict:
-        return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "cosine": self.cosine}
+        """What core.numerics.compare takes; an optional key only where the spec set it apart
+        from its default (a spec that gives neither keeps its step keys and records)."""
+        given = {"integer_steps": self.integer_steps, "bool_mismatch": self.bool_mismatch}
+        return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "cosine": self.cosine,
+                **{k: v for k, v in given.items() if v != TOLERANCE_DEFAULTS[k]}}
 
 
 class ToleranceDoc(Doc):
-    """How close an artifact's outputs must be to the golden outputs: all three must hold."""
+    """How close an artifact's outputs must be to the golden outputs. A float output must hold
+    to all three of max_abs, mean_abs and cosine (to the first two alone when golden is within
+    both of zero: its direction is noise); integer and bool outputs are compared element by
+    element, exactly unless integer_steps or bool_mismatch allow more."""
     max_abs: NonNegative
     """the largest absolute difference of any output element"""
     mean_abs: NonNegative
     """the mean absolute difference over the output elements"""
     cosine: Fraction
     """the minimum cosine similarity of outputs and golden outputs"""
+    integer_steps: Annotated[int, Field(ge=0)] = 0
+    """how many steps an integer output element may be off (a quantized uint8/int8 output:
+    quantization steps); 0: exact"""
+    bool_mismatch: Fraction = 0.0
+    """the fraction of a bool output's elements that may differ; 0: exact"""
 
     def spec(self) -> Tolerance:
-        return Tolerance(self.max_abs, self.mean_abs, self.cosine)
+        return Tolerance(self.max_abs, self.mean_abs, self.cosine, self.integer_steps,
+                         self.bool_mismatch)
 
 
 def check_via(arch: str | None, via: str | None, where: str, problems: list) -> bool:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from ..core.errors import PipelineError
 from ..core.layout import REPO
+from ..core.numerics import worst_cosine
 from ..core.steps import execute
 from ..core.store import atomic_write_text, sha256_bytes, sha256_file
 from ..core.tools import cpu_model, distribution_version, python_module_argv, run_tool
@@ -307,7 +308,7 @@ def _build_candidate(layout, model, target, abi, config: dict, say,
     vmfb = comp.out_dir / "model.vmfb"
     record.update(status="validated", sha256=sha256_file(vmfb), size=vmfb.stat().st_size,
                   max_abs=max(o["max_abs"] for o in outputs),
-                  min_cosine=min(o["cosine"] for o in outputs))
+                  min_cosine=worst_cosine(outputs))
     say(f"{PROGRESS}  compiled ({how}), validated (max abs {record['max_abs']:.2g})")
     return record, vmfb
 
@@ -332,7 +333,7 @@ def _build_tvm(project, model, target, abi, say) -> tuple[dict, Path | None]:
     record = {"flags": [], "status": "validated", "sha256": sha256_file(so),
               "size": so.stat().st_size, "tuned": bool(comp.cfg.tuning),
               "max_abs": max(o["max_abs"] for o in outputs),
-              "min_cosine": min(o["cosine"] for o in outputs)}
+              "min_cosine": worst_cosine(outputs)}
     say(f"{PROGRESS}  {'tuned' if record['tuned'] else 'untuned'}, validated "
         f"(max abs {record['max_abs']:.2g})")
     return record, so

@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.numerics import worst_cosine
 from ..core.steps import RECORD, StageConfig, Step, key_value
 from ..core.store import pretty_json, sha256_file
 from ..spec.sources import GOLDEN, ROUTES
@@ -167,7 +168,10 @@ def run(ctx) -> None:
             **{k: v for k, v in model.as_key().items() if k in ("shape_of", "shape", "shapes")},
         }
         if f"{name}:import.json" in ctx.step.inputs:  # what the import stage rewrote (tflite_rewrite)
-            models[name]["rewrites"] = _json(ctx, f"{name}:import.json").get("rewrites", [])
+            imported = _json(ctx, f"{name}:import.json")  # ... and the route it took (sources.to_onnx)
+            models[name]["rewrites"] = imported.get("rewrites", [])
+            models[name]["source"] = {**model.source, "route": imported["route"],
+                                      "attempts": imported["attempts"]}
         if model.variant_of:  # a precision variant (pipeline/spec/variants.py): IREE only
             _variant_fields(ctx, model, models[name])
             continue
@@ -258,7 +262,7 @@ def _choice(doc: dict, artifacts: dict) -> dict:
                             "sha256": art["sha256"], "size": art["size"],
                             "validation": art["validation"]["status"],
                             "max_abs": max(r["max_abs"] for r in rows),
-                            "min_cosine": min(r["cosine"] for r in rows),
+                            "min_cosine": worst_cosine(rows),
                             "tuned": bool(art.get("tuning"))}
             if art["compile"].get("config"):  # the pinned config it was built with
                 figures[abi]["config"] = art["compile"]["config"]["name"]
@@ -313,7 +317,7 @@ def manifest_step(project, target) -> Step:
                 inputs[f"{prefix}:tune.step"] = tuned / RECORD
     entries = [ModelEntry(name=m.name, description=m.description,
                           source={"file": m.source.name, "sha256": m.source_sha256,
-                                  **({"format": m.source_format, "route": ROUTES[m.source_format],
+                                  **({"format": m.source_format, "routes": ROUTES[m.source_format],
                                       "golden": GOLDEN[m.source_format]}
                                      if m.source_format != "onnx" else {})},
                           shape_of=m.shape_of, shape=m.shape if m.shape_of else None,

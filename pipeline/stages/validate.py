@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import PipelineError
-from ..core.numerics import compare, describe_failures, summary
+from ..core.numerics import compare, describe_failures, summary, tolerance_problems
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import (SETUP_HINT, aarch64_runtime, aarch64_tvm, distribution_version,
@@ -30,7 +30,6 @@ from ..spec.variants import PRECISIONS
 from . import golden
 from .plan import (ENTRY, abi_step_name, built, compiler_of, golden_files, proxy_pairs, skipped,
                    tvm_abis, variant_model, variant_skip_reason, where)
-from .static import tolerance_problems
 
 VERSION = 1
 TVM_VERSION = 1   # TVM artifacts' validation (its own key version)

@@ -48,7 +48,7 @@ def test_default_models_build_and_validate_for_rk3588_and_host(tmp_path):
                 for row in val["outputs"]:
                     assert row["failures"] == []
                     assert row["max_abs"] <= val["tolerance"]["max_abs"]
-                    assert row["cosine"] >= val["tolerance"]["cosine"]
+                    assert row["cosine_skipped"] or row["cosine"] >= val["tolerance"]["cosine"]
             if "variant_of" not in model:
                 assert model["choice"]["cpu"]["ships"] in abis
             folder = REPO / "models" / model.get("shape_of", model.get("variant_of", name))
