@@ -178,9 +178,13 @@ def scatter_svg(rows: list[dict]) -> str:
 
 # ----------------------------------------------------------------------------- page
 def _validation_cell(outputs: list[dict]) -> str:
-    return "<br>".join(f'{escape(o["name"])}: max {_sci(o["max_abs"])}, mean {_sci(o["mean_abs"])},'
-                       f' cos {o["cosine"]:.7f}' if o.get("cosine") is not None else
-                       escape(o["name"]) for o in outputs)
+    def one(o: dict) -> str:
+        if o.get("max_abs") is None:
+            return escape(o["name"])
+        cos = (f'cos {o["cosine"]:.7f}' if o.get("cosine") is not None else
+               "cos not used (golden ~0)" if o.get("cosine_skipped") else "cos n/a")
+        return f'{escape(o["name"])}: max {_sci(o["max_abs"])}, mean {_sci(o["mean_abs"])}, {cos}'
+    return "<br>".join(one(o) for o in outputs)
 
 
 def window_text(settings: dict) -> str:

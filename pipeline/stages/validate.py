@@ -24,7 +24,7 @@ from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import (SETUP_HINT, aarch64_runtime, aarch64_tvm, distribution_version,
                           python_module_argv, qemu_aarch64, qemu_argv, run_tool)
-from ..run import vulkan
+from ..run import shader_packs, vulkan
 from ..run.tvm_run import RUNNER as TVM_RUNNER
 from ..spec.variants import PRECISIONS
 from . import golden
@@ -133,10 +133,12 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    argv, executed, env = runner_argv(ctx.cfg, executable, inputs, outputs, where,
-                                      shader_cache=ctx.step.layout.shader_cache)
-    run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
-             hint=run_hint, timeout=3600, progress=f"{ctx.step.stage}:{ctx.step.name}", **where)
+    with shader_packs.mesa_cache(ctx.step.layout, Path(executable), ctx.cfg.run, ctx.scratch,
+                                 log=ctx.log) as shader_cache:  # warm when a pack is stored
+        argv, executed, env = runner_argv(ctx.cfg, executable, inputs, outputs, where,
+                                          shader_cache=shader_cache)
+        run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
+                 hint=run_hint, timeout=3600, progress=f"{ctx.step.stage}:{ctx.step.name}", **where)
     actual = [np.load(p, allow_pickle=False) for p in outputs]
     for p in outputs:
         p.unlink()
