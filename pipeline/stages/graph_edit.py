@@ -17,14 +17,18 @@ class Facts:
     lacking: dict = field(default_factory=dict)     # op -> which compilers cannot take it, why
     nowhere: set = field(default_factory=set)       # "op:direction" no compiler takes at all
     declined: list = field(default_factory=list)    # rewrites that could not apply, left as is
+    origins: dict = field(default_factory=dict)     # folded name -> where its value came from
+    passes: list = field(default_factory=list)      # what each folding pass did (static.json)
 
 
 # ----------------------------------------------------------------------------- helpers
 def _dims(value_info) -> list:
+    """The dims of a tensor's value_info: ints where known, a name or "?" where not; None when
+    even the rank is unknown. A zero-length dim (an empty `roi` of Resize) is static: 0."""
     tt = value_info.type.tensor_type
     if not tt.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
             for d in tt.shape.dim]
 
 
@@ -53,14 +57,28 @@ def _inits(graph) -> dict:
 
 def _constant_values(graph) -> dict:
     """Initializers and Constant node outputs of one graph, as arrays."""
-    from onnx import numpy_helper
     values = _inits(graph)
     for node in graph.node:
-        if node.op_type == "Constant" and len(node.attribute) == 1:
-            a = node.attribute[0]
-            if a.name == "value":
-                values[node.output[0]] = numpy_helper.to_array(a.t)
+        value = constant_of(node)
+        if value is not None:
+            values[node.output[0]] = value
     return values
+
+
+def constant_of(node):
+    """The value of a Constant node as an array (any of its value attributes but sparse ones
+    and strings), or None."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    if node.op_type != "Constant" or len(node.attribute) != 1:
+        return None
+    a = node.attribute[0]
+    value = helper.get_attribute_value(a)
+    if a.name == "value":
+        return numpy_helper.to_array(value)
+    kinds = {"value_float": np.float32, "value_floats": np.float32,
+             "value_int": np.int64, "value_ints": np.int64}
+    return np.array(value, kinds[a.name]) if a.name in kinds else None
 
 
 def _resolve(model, names) -> dict:
@@ -137,3 +155,93 @@ def _evaluate_node(opset_import, node, feeds: dict) -> list:
                               [helper.make_tensor_value_info(o, 0, None) for o in node.output if o],
                               initializer=[numpy_helper.from_array(v, n) for n, v in feeds.items()])
     return ReferenceEvaluator(helper.make_model(graph, opset_imports=opset_import)).run(None, {})
+
+
+def _outer_names_of(node) -> set[str]:
+    """Names a node's subgraphs read from the scope the node stands in."""
+    from onnx import helper
+    if not any(a.HasField("g") or a.graphs for a in node.attribute):
+        return set()
+    return _outer_names(helper.make_graph([node], "holder", [], []))
+
+
+def inline(sub, prefix: str, bound: dict | None = None, results: dict | None = None):
+    """(nodes, initializers, rename) of subgraph `sub` copied into the graph that holds it: a
+    name in `bound` (an input, an initializer several copies share) reads the outer name given;
+    a name its nodes or initializers define is written as `results` says, else under `prefix`;
+    names it reads from outer scopes keep theirs, in nested subgraphs too (whose own names
+    shadow). `rename` maps each of its names to the outer one: its outputs are
+    `rename.get(o.name, o.name)`."""
+    bound, results = bound or {}, results or {}
+    defined = {t.name for t in sub.initializer} | {o for n in sub.node for o in n.output if o}
+    rename = {name: prefix + name for name in defined | {i.name for i in sub.input}}
+    rename.update({k: v for k, v in results.items() if k in defined})
+    rename.update(bound)
+    inits = []
+    for t in sub.initializer:
+        if t.name not in bound:
+            copy = type(t)()
+            copy.CopyFrom(t)
+            copy.name = rename[t.name]
+            inits.append(copy)
+    nodes = []
+    for n in sub.node:
+        new = type(n)()
+        new.CopyFrom(n)
+        new.input[:] = [rename.get(i, i) for i in n.input]
+        new.output[:] = [rename.get(o, o) for o in n.output]
+        new.name = prefix + (n.name or n.output[0])
+        for a in new.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _rename_reads(g, rename)
+        nodes.append(new)
+    return nodes, inits, rename
+
+
+def _rename_reads(g, names: dict) -> None:
+    """Rename in a nested subgraph the outer names it reads (its own names shadow them)."""
+    own = ({t.name for t in g.initializer} | {i.name for i in g.input}
+           | {o for n in g.node for o in n.output})
+    inner = {k: v for k, v in names.items() if k not in own}
+    for n in g.node:
+        n.input[:] = [inner.get(i, i) for i in n.input]
+        for a in n.attribute:
+            for sg in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _rename_reads(sg, inner)
+    for o in g.output:
+        o.name = inner.get(o.name, o.name)
+
+
+def topological_sort(graph) -> None:
+    """Order the nodes so that each comes after the producers of what it reads, the outer names
+    its subgraphs read included (onnxsim and onnx.checker reject an If placed before a node
+    whose output its branch reads: "... is not output of any previous nodes"); otherwise the
+    order stays as it was (Kahn's algorithm, the earliest ready node first). Nodes in a cycle,
+    or reading a name nothing makes, keep their order at the end for the checker to name."""
+    import heapq
+    nodes = list(graph.node)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    waits = [0] * len(nodes)
+    readers: dict = {}
+    for k, node in enumerate(nodes):
+        for name in set(node.input) | _outer_names_of(node):
+            p = producer.get(name)
+            if p is not None and p != k:
+                waits[k] += 1
+                readers.setdefault(p, []).append(k)
+    ready = [k for k, w in enumerate(waits) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for r in readers.get(k, ()):
+            waits[r] -= 1
+            if waits[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) == len(nodes) and order == sorted(order):
+        return
+    placed = set(order)
+    order += [k for k in range(len(nodes)) if k not in placed]
+    del graph.node[:]
+    graph.node.extend(nodes[k] for k in order)

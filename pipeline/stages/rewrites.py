@@ -8,8 +8,10 @@ order, lists each that touched something in static.json (`rewrites`: rule, nodes
 compares the rewritten model with golden in onnxruntime, as for every static model.
 
 Phases: `before` runs on the bound model before it is simplified (onnxsim and shape inference
-cannot see through what these remove: an `If` on a bound input, com.microsoft ops), `after` on
-the simplified model with strictly inferred, static shapes.
+cannot see through what these remove: an `If` on a bound input, a Loop, com.microsoft ops), to
+a fixed point with shape inference and constant folding (pipeline/stages/fold.py: what one
+rewrite exposes, such as the If inside an inlined branch, the next pass takes); `after` runs
+once, on the simplified model with strictly inferred, static shapes.
 """
 from __future__ import annotations
 
@@ -17,9 +19,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .contrib_ops import decompose_contrib_ops
+from .fold import (constants_as_initializers, fold_values, infer, remove_dead, shapes_of,
+                   to_fixed_point)
 from .graph_edit import (  # noqa: F401 (NoRewrite, Facts, _dims, subgraphs: the stage's and tests' names)
-    Facts, NoRewrite, _attrs, _Builder, _constant_values, _dims, _evaluate_node,
-    _outer_names, _replace, subgraphs)
+    Facts, NoRewrite, _attrs, _Builder, _constant_values, _dims, _replace, inline, subgraphs,
+    topological_sort)
+from .loops import fold_sequences, unroll_loops
 from .recurrent import MAX_UNROLLED_STEPS, unroll_recurrent  # noqa: F401
 
 
@@ -33,60 +38,79 @@ class Rewrite:
 
 # ----------------------------------------------------------------------------- fold If / Where
 def fold_constant_branches(model, facts: Facts) -> list[str]:
-    """An `If` (or `Where`) whose condition is computed only from constants and inputs the spec
-    binds to one value: the If is replaced by the nodes of the branch taken, the Where by the
-    operand picked. The folded input stays a graph input, now unread."""
-    import numpy as np
-    if not facts.constants:
-        return []
+    """An `If` (or `Where`) whose condition is computed only from constants, from inputs the spec
+    binds to one value and from static shapes: the If is replaced by the nodes of the branch
+    taken, the Where by the operand picked. A folded input stays a graph input, now unread.
+
+    In the fixed point (fold.to_fixed_point) the condition is usually an initializer already
+    (folded, with its origin in `facts.origins`); on its own this walks back to the known
+    values, a `Shape`/`Size` of a tensor with static dims in `facts.shapes` counting as one."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     known = {**_constant_values(graph), **facts.constants}
-    targets = [(k, n) for k, n in enumerate(graph.node) if n.op_type in ("If", "Where")]
     replacements, touched = {}, []
-    for k, node in targets:
-        cond = node.input[0]
-        needed, todo, ok = [], [cond], True
-        seen = set()
-        while todo:  # the nodes the condition depends on, back to known values
-            name = todo.pop()
-            if name in known or name in seen or not name:
-                continue
-            seen.add(name)
-            prod = producer.get(name)
-            if prod is None or any(a.HasField("g") or a.graphs for a in prod.attribute):
-                ok = False
-                break
-            needed.append(prod)
-            todo.extend(prod.input)
-        if not ok:
+    for k, node in enumerate(graph.node):
+        if node.op_type not in ("If", "Where"):
             continue
-        leaves = sorted({i for n in needed for i in n.input if i in known} | ({cond} & set(known)))
-        from_spec = [x for x in leaves if x in facts.constants]
-        if not from_spec:
-            continue  # constant without the spec: onnxsim folds it
-        order = [n for n in graph.node if n in needed]
-        value = np.asarray(known[cond] if not order else _evaluate(
-            model.opset_import, order, cond, {n: known[n] for n in leaves}))
+        found = _condition(model, node.input[0], producer, known, facts)
+        if found is None:
+            continue
+        value, origin = found
         if node.op_type == "Where":
             if value.size == 0 or not (value.all() or not value.any()):
                 continue
             pick, other = node.input[1:] if value.all() else node.input[:0:-1]
             b = _Builder(graph, node.name or node.output[0])  # the shape Where broadcasts to
-            wide = b.op("Expand", [pick, b.op("Shape", [cond])])
+            wide = b.op("Expand", [pick, b.op("Shape", [node.input[0]])])
             b.op("Expand", [wide, b.op("Shape", [other])], out=[node.output[0]])
             replacements[k] = b.nodes
+            taken = "X" if value.all() else "Y"
         else:
             if value.size != 1:
                 continue
-            branch = _attrs(node)["then_branch" if bool(value.reshape(-1)[0]) else "else_branch"]
-            replacements[k] = _inline(graph, node, branch)
-        taken = ("then" if bool(value.reshape(-1)[0]) else "else") if node.op_type == "If" else \
-            ("X" if value.all() else "Y")
+            taken = "then" if bool(value.reshape(-1)[0]) else "else"
+            replacements[k] = _inline(graph, node, _attrs(node)[f"{taken}_branch"])
         touched.append(f"{node.name or node.output[0]} ({node.op_type}: {taken} taken, "
-                       f"{', '.join(from_spec)} bound by the spec)")
+                       f"{', '.join(sorted(origin)) or 'a constant condition'})")
     _replace(graph, replacements)
     return touched
+
+
+def _condition(model, cond: str, producer: dict, known: dict, facts: Facts):
+    """(value, origin) of a condition computed from known values only, or None. The origin
+    names the bound inputs and the shapes it came from (empty: constants only)."""
+    import numpy as np
+    needed, todo, leaves, origin = [], [cond], {}, set()
+    seen = set()
+    while todo:  # the nodes the condition depends on, back to known values
+        name = todo.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        if name in known:
+            leaves[name] = known[name]
+            origin |= facts.origins.get(name, set()) | (
+                {f"{name} bound by the spec"} if name in facts.constants else set())
+            continue
+        prod = producer.get(name)
+        if prod is None or any(a.HasField("g") or a.graphs for a in prod.attribute):
+            return None
+        dims = facts.shapes.get(prod.input[0]) if prod.op_type in ("Shape", "Size") else None
+        if dims is not None and all(isinstance(d, int) for d in dims):
+            a = _attrs(prod)
+            leaves[name] = (np.array(dims[a.get("start", 0):a.get("end")], np.int64)
+                            if prod.op_type == "Shape" else np.array(int(np.prod(dims)), np.int64))
+            origin.add(f"the shape of {prod.input[0]}")
+            continue
+        needed.append(prod)
+        todo.extend(prod.input)
+    ids = {id(n) for n in needed}
+    order = [n for n in model.graph.node if id(n) in ids]
+    try:
+        value = leaves[cond] if not order else _evaluate(model.opset_import, order, cond, leaves)
+    except Exception:  # onnx's reference evaluator lacks an op of the chain: the If stays
+        return None
+    return np.asarray(value), origin
 
 
 def _evaluate(opset_import, nodes, output: str, feeds: dict):
@@ -100,50 +124,20 @@ def _evaluate(opset_import, nodes, output: str, feeds: dict):
 
 
 def _inline(graph, node, branch) -> list:
-    """The branch's nodes in the outer graph: its initializers become outer initializers, every
-    name it defines gets a prefix (outer names keep theirs), its outputs become the If's."""
+    """The branch's nodes in the outer graph: its initializers become outer initializers (a copy
+    of an outer one reads that one), every name it defines gets a prefix (outer names keep
+    theirs), its outputs become the If's."""
     from onnx import helper
     prefix = f"{node.name or node.output[0]}__inl__"
-    local = ({t.name for t in branch.initializer} | {o for n in branch.node for o in n.output})
     results = {}
     for o, out in zip(branch.output, node.output):
         results.setdefault(o.name, out)
-    rename = {name: results.get(name, prefix + name) for name in local}
-
-    def renamed(g, names: dict):
-        """Rename in a nested subgraph the outer names it reads (its own names shadow them)."""
-        own = ({t.name for t in g.initializer} | {i.name for i in g.input}
-               | {o for n in g.node for o in n.output})
-        inner = {k: v for k, v in names.items() if k not in own}
-        for n in g.node:
-            n.input[:] = [inner.get(i, i) for i in n.input]
-            for a in n.attribute:
-                if a.HasField("g"):
-                    renamed(a.g, inner)
-                for sg in a.graphs:
-                    renamed(sg, inner)
-        for o in g.output:
-            o.name = inner.get(o.name, o.name)
-
-    for t in branch.initializer:
-        copy = graph.initializer.add()
-        copy.CopyFrom(t)
-        copy.name = rename[t.name]
-    nodes = []
-    for n in branch.node:
-        new = type(n)()
-        new.CopyFrom(n)
-        new.input[:] = [rename.get(i, i) for i in n.input]
-        new.output[:] = [rename.get(o, o) for o in n.output]
-        new.name = prefix + (n.name or n.output[0])
-        for a in new.attribute:
-            if a.HasField("g"):
-                renamed(a.g, rename)
-            for sg in a.graphs:
-                renamed(sg, rename)
-        nodes.append(new)
+    outer = {t.name: t for t in graph.initializer}  # copies static.localize_subgraphs made
+    shared = {t.name: t.name for t in branch.initializer if outer.get(t.name) == t}
+    nodes, inits, rename = inline(branch, prefix, bound=shared, results=results)
+    graph.initializer.extend(inits)
     for o, out in zip(branch.output, node.output):  # an outer name, or a value given twice
-        if rename.get(o.name, o.name) != out:
+        if out and rename.get(o.name, o.name) != out:
             nodes.append(helper.make_node("Identity", [rename.get(o.name, o.name)], [out],
                                           name=prefix + "out_" + out))
     return nodes
@@ -213,11 +207,19 @@ def _reflect_pads(model, facts: Facts) -> list[str]:
 
 REWRITES = (
     Rewrite("fold-constant-if", "before", fold_constant_branches,
-            "the condition is fixed once the spec binds an input to one value: the other "
-            "branch is dead code, and an If left in has the shapes of both branches (dynamic "
-            "where they differ); the artifact is specialised to that value"),
+            "the condition is fixed once the spec binds the inputs (their shapes, and the values "
+            "of those it binds to one value): the other branch is dead code, and an If left in "
+            "has the shapes of both branches (dynamic where they differ); the artifact is "
+            "specialised to those inputs"),
     Rewrite("decompose-contrib-ops", "before", decompose_contrib_ops,
             "onnxruntime's com.microsoft ops are accepted by neither IREE nor TVM"),
+    Rewrite("unroll-loop", "before", unroll_loops,
+            "the trip count and condition are fixed once the spec binds the inputs; neither IREE "
+            "nor TVM takes a Loop, and its scan outputs have a dynamic length until unrolled"),
+    Rewrite("fold-sequences", "before", fold_sequences,
+            "a sequence built by SequenceInsert/SequenceConstruct (a TensorArray, often "
+            "unrolled from a Loop) has a known length: its readers become Concat/Identity; "
+            "no compiler of ours takes sequences"),
     Rewrite("reflect-pad-as-gather", "after", _reflect_pads,
             "IREE 3.13 llvm-cpu fails to compile reflect Pad of this size; Gather with constant "
             "indices copies the same elements"),
@@ -228,113 +230,42 @@ REWRITES = (
 
 
 def apply(model, phase: str, facts: Facts) -> list[dict]:
-    """Apply the phase's rewrites in order; the records of those that touched something."""
+    """Apply the phase's rewrites in order; the records of those that touched something.
+
+    The `before` phase runs to a fixed point (fold.to_fixed_point): shape inference, values
+    folded, then its rewrites, pass after pass until none changes the graph; `facts.passes`
+    says what each pass did. `after` runs each rewrite once."""
+    rules = [rw for rw in REWRITES if rw.phase == phase]
+    if phase == "before":
+        touched = to_fixed_point(model, facts, rules)
+    else:
+        touched = {rw.name: rw.apply(model, facts) for rw in rules}
     records = []
-    for rw in REWRITES:
-        if rw.phase != phase:
-            continue
-        touched = rw.apply(model, facts)
-        if touched:
+    for rw in rules:
+        if touched.get(rw.name):
             why = rw.why
             if rw.name == "unroll-recurrent":
-                ops = sorted({t.split("(")[1].split(",")[0] for t in touched})
+                ops = sorted({t.split("(")[1].split(",")[0] for t in touched[rw.name]})
                 why = "; ".join(f"{op}: {facts.lacking[op]}" for op in ops) + \
                     "; unrolled over the static sequence into MatMul/Sigmoid/Tanh"
-            records.append({"rule": rw.name, "nodes": touched, "why": why})
+            records.append({"rule": rw.name, "nodes": touched[rw.name], "why": why})
     return records
 
 
 # ----------------------------------------------------------------------------- second simplifier
-NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
-                    "Multinomial", "Bernoulli", "Dropout"}
-
-
 def fold_constants(model):
     """The simplifier used when onnxsim crashes: onnx's shape inference with data propagation,
     then every node whose inputs are all constants (or a Shape/Size of a static tensor) evaluated
-    by onnx's reference evaluator into an initializer, until nothing changes; dead nodes and
-    initializers dropped. Subgraphs are left as they are."""
-    import numpy as np
+    by onnx's reference evaluator into an initializer, Constant nodes made initializers, until
+    nothing changes; dead nodes and initializers dropped. Subgraphs are left as they are."""
     import onnx
-    from onnx import numpy_helper
-    outputs = {o.name for o in model.graph.output}
     topological_sort(model.graph)
+    facts = Facts()
     while True:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        graph = model.graph
-        consts = _constant_values(graph)
-        shapes = {vi.name: _dims(vi) for vi in list(graph.input) + list(graph.value_info)}
-        kept, folded = [], {}
-        for node in graph.node:
-            ins = [i for i in node.input if i]
-            static = shapes.get(node.input[0]) if node.input else None
-            if node.op_type in ("Shape", "Size") and static and all(isinstance(d, int) for d in static) \
-                    and not any(o in outputs for o in node.output):
-                start, end = (_attrs(node).get("start", 0), _attrs(node).get("end", None))
-                value = (np.array(static[start:end], np.int64) if node.op_type == "Shape"
-                         else np.array(int(np.prod(static)), np.int64))
-                folded[node.output[0]] = value
-                consts[node.output[0]] = value
-                continue
-            foldable = (node.domain in ("", "ai.onnx") and node.op_type not in NONDETERMINISTIC
-                        and all(i in consts for i in ins) and node.op_type != "Constant"
-                        and not any(a.HasField("g") or a.graphs for a in node.attribute)
-                        and not any(o in outputs for o in node.output))
-            if not foldable:
-                kept.append(node)
-                continue
-            feeds = {i: consts[i] for i in ins}
-            values = _evaluate_node(model.opset_import, node, feeds)
-            for name, value in zip(node.output, values):
-                folded[name] = consts[name] = np.asarray(value)
-        # Constant nodes become initializers too
-        for node in list(kept):
-            if node.op_type == "Constant" and node.output[0] in consts:
-                folded[node.output[0]] = consts[node.output[0]]
-                kept.remove(node)
-        used = {i for n in kept for i in n.input} | outputs | _outer_names(graph)
-        live, changed = [], bool(folded)
-        for node in reversed(kept):  # drop nodes nothing reads
-            if any(o in used for o in node.output) or not node.output:
-                live.append(node)
-                used |= set(node.input)
-            else:
-                changed = True
-        del graph.node[:]
-        graph.node.extend(reversed(live))
-        inits = [t for t in graph.initializer if t.name in used]
-        inits += [numpy_helper.from_array(v, n) for n, v in folded.items() if n in used]
-        del graph.initializer[:]
-        graph.initializer.extend(inits)
-        del graph.value_info[:]
+        infer(model)
+        facts.shapes = shapes_of(model)
+        changed = fold_values(model, facts, max_elements=None) + constants_as_initializers(model.graph)
+        changed += remove_dead(model.graph)
+        del model.graph.value_info[:]
         if not changed:
             return onnx.shape_inference.infer_shapes(model, data_prop=True)
-
-
-def topological_sort(graph) -> None:
-    """Order the nodes so that each comes after the producers of what it reads, the outer names
-    its subgraphs read included (onnxsim and onnx.checker reject an If placed before a node
-    whose output its branch reads: "... is not output of any previous nodes"); otherwise the
-    order stays as it was."""
-    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending = list(graph.node)
-    needs = [set(n.input) | _outer_names_of(n) for n in pending]
-    order = []
-    while pending:
-        for k, node in enumerate(pending):
-            if needs[k] <= available | {o for o in node.output}:
-                break
-        else:  # a cycle, or a name nothing makes: leave the rest as it is for the checker to say
-            order.extend(pending)
-            break
-        order.append(pending.pop(k))
-        needs.pop(k)
-        available |= set(node.output)
-    del graph.node[:]
-    graph.node.extend(order)
-
-
-def _outer_names_of(node) -> set[str]:
-    from onnx import helper
-    holder = helper.make_graph([node], "holder", [], [])
-    return _outer_names(holder)

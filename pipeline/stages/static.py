@@ -13,9 +13,13 @@ initializers it reads and forgets its recorded shapes; then inference fills them
 
 Graph surgery (pipeline/stages/rewrites.py, one function per rewrite, applied only where the
 graph has the pattern, each listed in static.json under `rewrites` and checked against golden
-with the rest): before simplifying, `fold-constant-if` (an If/Where on an input the spec binds
-to one value) and `decompose-contrib-ops` (onnxruntime's com.microsoft ops as standard ONNX);
-after, on static shapes, `reflect-pad-as-gather` (IREE 3.13 cannot compile some reflect Pads;
+with the rest). Before simplifying, folding to a fixed point (pipeline/stages/fold.py): shape
+inference, constant folding (the inputs the spec binds to one value and static shapes count as
+known) and the rewrites `fold-constant-if` (If/Where with a known condition), `unroll-loop`
+(Loop with a known trip count), `fold-sequences` and `decompose-contrib-ops` (onnxruntime's
+com.microsoft ops as standard ONNX), pass after pass until nothing changes (static.json
+`folding`); an If or Loop left because it depends on data is named when dims stay dynamic.
+After, on static shapes, `reflect-pad-as-gather` (IREE 3.13 cannot compile some reflect Pads;
 the same values, bit for bit: see reflect_pads_as_gathers) and `unroll-recurrent` (LSTM/GRU
 where a compiler of ours lacks them). When onnxsim crashes, onnx's own constant folding with
 shape inference takes its place, recorded as `simplifier`. docs/stages.md#the-static-stage
@@ -26,23 +30,19 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
+from ..core.numerics import tolerance_problems
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
 from ..run.ort import session
+from .fold import dynamic_tensors, left_control_flow
 from .plan import ENTRY, golden_files
 from .rewrites import _dims, reflect_pads_as_gathers, subgraphs  # noqa: F401 (tests call static.reflect_pads_as_gathers)
 
-VERSION = 3  # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather rewrite
+# 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather
+# rewrite; 4: the `before` phase folds to a fixed point (If/Where, Loop, sequences; static.json
+# `folding`), a zero-length dim is static
+VERSION = 4
 OUTPUTS = ("model.onnx", "static.json")
-TOLERANCE_KEYS = ("max_abs", "mean_abs", "cosine")
-
-
-def tolerance_problems(name: str, tolerance: dict):
-    """The rule of a tolerance as numerics.compare takes it (the stages compare with golden)."""
-    if sorted(tolerance) != sorted(TOLERANCE_KEYS) or not all(
-            isinstance(tolerance[k], (int, float)) and not isinstance(tolerance[k], bool)
-            for k in TOLERANCE_KEYS):
-        yield f"{name} must give the numbers {', '.join(TOLERANCE_KEYS)}, got {tolerance!r}"
 
 
 @dataclass(frozen=True)
@@ -124,26 +124,6 @@ def constant_shapes(model) -> None:
             model.graph.value_info.append(helper.make_tensor_value_info(node.output[0], elem, shape))
 
 
-def dynamic_tensors(model) -> list[str]:
-    """Names (with dims) of graph tensors whose shape is unknown or not fully static."""
-    bad = []
-    seen = set()
-    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        seen.add(vi.name)
-        if not vi.type.HasField("tensor_type"):
-            continue
-        dims = _dims(vi)
-        if dims is None:
-            bad.append(f"{vi.name} (unknown shape)")
-        elif any(not isinstance(d, int) for d in dims):
-            bad.append(f"{vi.name} {dims}")
-    produced = {o for n in model.graph.node for o in n.output if o}
-    inits = {t.name for t in model.graph.initializer}
-    for name in sorted(produced - seen - inits):
-        bad.append(f"{name} (no shape inferred)")
-    return bad
-
-
 def bind_inputs(model, shapes: dict) -> None:
     """Write the spec's shapes into the graph inputs; drop stale value_info and output dims."""
     for vi in model.graph.input:
@@ -201,63 +181,109 @@ def simplify(model, shapes: dict) -> tuple:
                                    "and shape inference (data propagation) instead"}
 
 
-def _rewrite(ctx, model, phase: str, facts) -> list:
-    from .rewrites import NoRewrite, apply
-    try:
-        return apply(model, phase, facts)
-    except NoRewrite as exc:
-        raise ctx.error(str(exc), hint="the op stays as it is, and no compiler of ours takes it; "
-                                       "re-export the model without it")
+class Refusal(Exception):
+    """Why a model cannot be made static: what failed and what to do next (`run` raises it as
+    the stage's error, which adds the model and the stage)."""
+
+    def __init__(self, what: str, hint: str):
+        super().__init__(what)
+        self.what, self.hint = what, hint
 
 
-def run(ctx) -> None:
+def make_static(model, inputs, constants=()) -> tuple:
+    """(static model, what static.json records of its making: nodes_before, simplifier,
+    rewrites, folding, rewrites_declined) for a model and the spec's `inputs` ({name, shape,
+    dtype}) and `constants` ({name, value}); raises Refusal. No golden check here: `run` does it."""
     import numpy as np
     import onnx
-    from . import golden
     from .rewrites import Facts
-    from ..core.numerics import compare, describe_failures, summary
 
-    model = onnx.load(str(ctx.input("model")))
-    shapes = {i["name"]: i["shape"] for i in ctx.cfg.inputs}
-    dtypes = {i["name"]: i["dtype"] for i in ctx.cfg.inputs}
+    shapes = {i["name"]: i["shape"] for i in inputs}
+    dtypes = {i["name"]: i["dtype"] for i in inputs}
     nodes_before = len(model.graph.node)
     bind_inputs(model, shapes)
     localize_subgraphs(model.graph)
     lacking, nowhere = lacking_ops()
     facts = Facts(constants={c["name"]: np.full(shapes[c["name"]], c["value"], dtypes[c["name"]])
-                             for c in ctx.cfg.constants}, lacking=lacking, nowhere=nowhere)
-    rewrites = _rewrite(ctx, model, "before", facts)
+                             for c in constants}, lacking=lacking, nowhere=nowhere)
+    rewrites = _rewrite(model, "before", facts)
     try:
         model, simplifier = simplify(model, shapes)
     except Exception as exc:  # onnxsim crashed, and the fallback too
-        raise ctx.error(f"neither onnxsim nor onnx's constant folding can simplify the model: "
-                        f"{str(exc).strip().splitlines()[-1]}",
-                        hint="check the input shapes in the spec; the model may not accept them")
+        raise Refusal(f"neither onnxsim nor onnx's constant folding can simplify the model: "
+                      f"{str(exc).strip().splitlines()[-1]}",
+                      "check the input shapes in the spec; the model may not accept them")
     localize_subgraphs(model.graph)  # onnxsim writes subgraph shapes of its own
     drop_unused_initializers(model.graph)
-    try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    except Exception as exc:
-        raise ctx.error(f"shape inference failed on the simplified model: "
-                        f"{str(exc).strip().splitlines()[-1]}",
-                        hint="the input shapes in the spec may not be ones the model accepts")
-    constant_shapes(model)
+    model = _strict_shapes(model)
     facts.shapes = {vi.name: _dims(vi) for vi in list(model.graph.input)
                     + list(model.graph.value_info) + list(model.graph.output)}
-    after = _rewrite(ctx, model, "after", facts)
+    after = _rewrite(model, "after", facts)
     if after:
         rewrites += after
         drop_unused_initializers(model.graph)  # the weights an unrolled op read, for example
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-        constant_shapes(model)
-    dynamic = dynamic_tensors(model)
-    if dynamic:
-        shown = ", ".join(dynamic[:8]) + (f" and {len(dynamic) - 8} more" if len(dynamic) > 8 else "")
-        raise ctx.error(f"dynamic dims remain after binding the inputs and simplifying: {shown}",
-                        hint="the shape depends on data at run time; such a model cannot be "
-                             "compiled statically as it is")
+        model = _strict_shapes(model)
+    _fail_if_dynamic(model, facts)
     model.graph.name = ENTRY
     onnx.checker.check_model(model)
+    return model, {"nodes_before": nodes_before, "simplifier": simplifier, "rewrites": rewrites,
+                   "folding": facts.passes,
+                   **({"rewrites_declined": facts.declined} if facts.declined else {})}
+
+
+def _rewrite(model, phase: str, facts) -> list:
+    from .rewrites import NoRewrite, apply
+    try:
+        return apply(model, phase, facts)
+    except NoRewrite as exc:
+        raise Refusal(str(exc), "the op stays as it is, and no compiler of ours takes it; "
+                                "re-export the model without it")
+
+
+def _strict_shapes(model):
+    """Strict shape inference with data propagation; Constant outputs shaped from their value."""
+    import onnx
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise Refusal(f"shape inference failed on the simplified model: "
+                      f"{str(exc).strip().splitlines()[-1]}",
+                      "the input shapes in the spec may not be ones the model accepts")
+    constant_shapes(model)
+    return model
+
+
+def _fail_if_dynamic(model, facts) -> None:
+    """Refuse a model where a tensor keeps a dynamic dim: naming the If/Loop whose condition or
+    trip count depends on data when that is why, else listing the tensors."""
+    dynamic = dynamic_tensors(model)
+    if not dynamic:
+        return
+    causes = left_control_flow(model, facts, dynamic)
+    if causes:
+        raise Refusal(f"control flow that depends on data remains after binding the inputs and "
+                      f"folding: {'; '.join(causes)} ({len(dynamic)} tensor(s) in all have no "
+                      f"static shape)",
+                      "the shape depends on data at run time, so the model cannot be compiled "
+                      "statically as it is; if that input takes one value in use, bind it in the "
+                      "spec (an integer input with test_data random low == high), else re-export "
+                      "the model without the branch")
+    shown = ", ".join(dynamic[:8]) + (f" and {len(dynamic) - 8} more" if len(dynamic) > 8 else "")
+    raise Refusal(f"dynamic dims remain after binding the inputs and simplifying: {shown}",
+                  "the shape depends on data at run time; such a model cannot be compiled "
+                  "statically as it is")
+
+
+def run(ctx) -> None:
+    import onnx
+    from . import golden
+    from ..core.numerics import compare, describe_failures, summary
+
+    try:
+        model, made = make_static(onnx.load(str(ctx.input("model"))), ctx.cfg.inputs,
+                                  ctx.cfg.constants)
+    except Refusal as exc:
+        raise ctx.error(exc.what, hint=exc.hint)
     data = model.SerializeToString(deterministic=True)
     ctx.output("model.onnx").write_bytes(data)
 
@@ -270,7 +296,7 @@ def run(ctx) -> None:
                         f"{str(exc).strip().splitlines()[-1]}")
     result = compare(actual, expected, [o["name"] for o in doc["outputs"]], ctx.cfg.tolerance)
     if not result["passed"]:
-        changed_by = [simplifier["name"]] + [r["rule"] for r in rewrites]
+        changed_by = [made["simplifier"]["name"]] + [r["rule"] for r in made["rewrites"]]
         raise ctx.error(f"the simplified model differs from the original in onnxruntime: "
                         f"{describe_failures(result)} ({summary(result)}); the model went "
                         f"through {', '.join(changed_by)}",
@@ -278,12 +304,12 @@ def run(ctx) -> None:
                              "`tolerance` if the difference is acceptable (a contrib op "
                              "decomposed into float ops differs by the int8 rounding it drops)")
     ops = collections.Counter(n.op_type for n in model.graph.node)
-    report = {"nodes_before": nodes_before, "nodes": len(model.graph.node),
+    declined = made.pop("rewrites_declined", None)
+    report = {"nodes_before": made.pop("nodes_before"), "nodes": len(model.graph.node),
               "ops": dict(sorted(ops.items())), "entry": ENTRY,
               "inputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.input],
               "outputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.output],
-              "simplifier": simplifier, "rewrites": rewrites,
-              **({"rewrites_declined": facts.declined} if facts.declined else {}),
+              **made, **({"rewrites_declined": declined} if declined else {}),
               "vs_original": result}
     ctx.output("static.json").write_text(pretty_json(report))
 

@@ -125,13 +125,15 @@ def test_static_stage_folds_if_on_a_constant_input_and_records_it(tmp_path):
     assert report["outputs"] == [{"name": "y", "shape": [1, 4]}]
     assert report["vs_original"]["passed"] and report["vs_original"]["outputs"][0]["max_abs"] == 0.0
     assert [i.name for i in model.graph.input] == ["x", "sr"]   # the interface stays
-    # the same model with sr drawn at random is not folded, and its dim stays dynamic
+    # the same model with sr drawn at random is not folded: the error names the If and why
     _spec(folder, "model.onnx", {"x": ([1, 4], "float32", -1.0, 1.0),
                                  "sr": ([], "int64", 8000, 16000)})
     shutil.rmtree(tmp_path / "artifacts")
     with pytest.raises(PipelineError) as info:
         _static(tmp_path, "rate")
-    assert "dynamic dims remain" in info.value.what
+    assert "control flow that depends on data remains" in info.value.what
+    assert "its condition 'cond' depends on data at run time (the values of input sr" in info.value.what
+    assert "its output y has no static shape" in info.value.what
 
 
 def test_only_integer_inputs_with_one_possible_value_are_constants():
@@ -310,27 +312,30 @@ def test_bidirectional_gru_unrolls(linear_before_reset):
 
 
 def test_a_recurrent_op_that_cannot_be_unrolled_stays_or_fails_naming_it():
-    """An LSTM with peepholes is left for IREE (which takes LSTM) and noted; a bidirectional
-    GRU with `clip`, which no compiler of ours takes, fails naming the op and the reason."""
+    """An LSTM whose peepholes are computed at run time is left for IREE (which takes LSTM) and
+    noted; a bidirectional GRU with an activation outside the spec, which no compiler of ours
+    takes, fails naming the op, the attribute and the reason. (Constant peepholes, `clip` and
+    the spec's activations are unrolled: tests/e2e/test_recurrent_families.py.)"""
     model = _lstm_model("forward")
-    model.graph.initializer.append(nh.from_array(_w(1, 24), "P"))
+    model.graph.input.append(h.make_tensor_value_info("P", T.FLOAT, [1, 24]))
     model.graph.node[0].input.append("P")
     facts = Facts(shapes={"x": [5, 1, 6]}, lacking={"LSTM": "TVM has no LSTM"})
     assert rewrites.unroll_recurrent(model, facts) == [] and "LSTM" in _ops(model)
     assert facts.declined == [{"rule": "unroll-recurrent", "node": "y", "why":
-                               "peephole weights (P) are not unrolled: left as it is, for the "
-                               "compilers that take it"}]
+                               "its weights ['P'] are not constants after simplifying: left as it "
+                               "is, for the compilers that take it"}]
     hidden = 4
     node = h.make_node("GRU", ["x", "W", "R"], ["y"], hidden_size=hidden, direction="bidirectional",
-                       clip=1.0, name="enc")
+                       activations=["Sigmoid", "Gelu"] * 2, name="enc")
     gru = _model([node], [h.make_tensor_value_info("x", T.FLOAT, [3, 1, 2])],
                  [h.make_tensor_value_info("y", T.FLOAT, [3, 2, 1, hidden])],
                  [nh.from_array(_w(2, 3 * hidden, 2), "W"), nh.from_array(_w(2, 3 * hidden, hidden), "R")])
     with pytest.raises(rewrites.NoRewrite) as info:
         rewrites.unroll_recurrent(gru, Facts(shapes={"x": [3, 1, 2]}, lacking={"GRU": "none takes it"},
                                              nowhere={"GRU:bidirectional"}))
-    assert str(info.value) == ("GRU 'enc': clip=1.0: not unrolled, and no compiler of ours takes "
-                               "it as it is (none takes it)")
+    assert str(info.value).startswith("GRU 'enc': activations ['Gelu', 'Gelu'] are not activation "
+                                      "functions of the ONNX spec (Relu, Tanh, Sigmoid")
+    assert str(info.value).endswith(", and no compiler of ours takes it as it is (none takes it)")
 
 
 def test_romanizer_encoder_gru_unrolled_by_the_stage(tmp_path):
