@@ -4,12 +4,13 @@ Conversion to ONNX is the import stage's (pipeline/stages/sources.py).
 
 Model sources other than ONNX: TFLite files and NNEF graph folders, brought into the ONNX stages.
 
-    format   source                         golden reference                 route to ONNX
+    format   source                         golden reference                 routes to ONNX, tried in order
     onnx     model.onnx                     onnxruntime on the source        (none)
-    tflite   model.tflite                   LiteRT interpreter on the source tflite -> NNEF -> ONNX (nnef-tools)
+    tflite   model.tflite                   LiteRT interpreter on the source tflite -> NNEF -> ONNX (nnef-tools),
+                                                                             then tflite -> ONNX (tflite_onnx)
     nnef     folder with graph.nnef (+.dat) onnxruntime on the conversion    NNEF -> ONNX (nnef-tools)
 
-Why this route (measured on ../shared/models, Nov 2026): tflite2onnx 0.4.1 fails on both real
+Why these routes (measured on ../shared/models, Nov 2026): tflite2onnx 0.4.1 fails on both real
 TFLite models (IndexError in its layout pass on face_landmark, AssertionError on basic-pitch);
 IREE's TFLite importer (iree-tools-tflite) needs TensorFlow; TVM's Relax TFLite frontend imports
 face_landmark (max abs 1.4e-4) but cannot leave TVM for the ONNX stages and fails on basic-pitch
@@ -22,6 +23,12 @@ nnef-tools cannot follow (pipeline/stages/tflite_rewrite.py: sparse weights dens
 activations unfused, MediaPipe's Convolution2DTransposeBias as TRANSPOSE_CONV + ADD), each
 rewrite checked in LiteRT. The converted model is then checked like any other: the static stage
 compares it with the TFLite interpreter's golden outputs.
+
+nnef-tools still refuses whole classes (Dec 2026, issue 28): full-integer uint8/int8 models,
+RESIZE_BILINEAR with align_corners or a non-integer factor, L2_NORMALIZATION, and it writes dilated
+SAME convolutions onnxruntime rejects. The second route, pipeline/stages/tflite_onnx.py, converts
+TFLite op by op into ONNX (QDQ for quantized tensors), and the import stage takes it when the first
+refuses or its conversion does not match LiteRT (docs/measurements/2026-12-02-tflite-routes.md).
 
 An ONNX source's external-data files (tensors stored beside the .onnx, `location` in
 TensorProto.external_data) are part of it: its import step reads and hashes them, and its sha256
@@ -38,10 +45,14 @@ from ..core.store import canonical_json, sha256_file, sha256_text
 from .onnx_signature import external_data
 
 NNEF_GRAPH = "graph.nnef"
-ROUTES = {"onnx": None, "tflite": "tflite->nnef->onnx (nnef-tools)", "nnef": "nnef->onnx (nnef-tools)"}
+NNEF_TOOLS_TFLITE = "tflite->nnef->onnx (nnef-tools)"
+DIRECT_TFLITE = "tflite->onnx (tflite_onnx)"
+# The routes of each format into ONNX, in the order the import stage tries them: the first whose
+# conversion runs and matches the reference is used; import.json records every attempt.
+ROUTES = {"onnx": (), "tflite": (NNEF_TOOLS_TFLITE, DIRECT_TFLITE), "nnef": ("nnef->onnx (nnef-tools)",)}
 GOLDEN = {"onnx": "onnxruntime (source)", "tflite": "litert (source)",
           "nnef": "onnxruntime (nnef-tools conversion)"}
-TOOLS = {"onnx": (), "tflite": ("nnef-tools", "nnef", "tflite", "ai-edge-litert"),
+TOOLS = {"onnx": (), "tflite": ("nnef-tools", "nnef", "tflite", "ai-edge-litert", "onnxruntime"),
          "nnef": ("nnef-tools", "nnef")}
 TFLITE_DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool",
                  9: "int8", 11: "float64"}

@@ -24,7 +24,7 @@ from ..core.store import pretty_json
 from ..spec.sources import ROUTES, files_sha256, source_files
 from ..spec.sources import TOOLS as SOURCE_TOOLS
 
-VERSION = 2  # 2: TFLite route folds shape ops, restores I/O names (nnef_fixes, sources)
+VERSION = 3  # 2: TFLite route folds shape ops, restores I/O names; 3: routes tried in order, recorded
 OUTPUTS = ("model.onnx", "import.json")
 CHANGED_HINT = ("a file of the model's folder changed during the build (a `git pull`?): run the "
                 "build again; if the new bytes are meant, put their sha256 in source.sha256 of "
@@ -35,7 +35,7 @@ CHANGED_HINT = ("a file of the model's folder changed during the build (a `git p
 class Config(StageConfig):
     opset: int                        # the opset the model is raised to (never lowered)
     format: str = "onnx"              # the source's format: onnx | tflite | nnef
-    route: str | None = None          # a converted source: how it becomes ONNX (ROUTES)
+    routes: tuple[str, ...] = ()      # a converted source: the routes into ONNX, tried in order (ROUTES)
     io: dict | None = None            # ... and its inputs/outputs, which the conversion must keep
     custom_ops: tuple[str, ...] = ()  # ... and its TFLite custom ops (known ones are rewritten: tflite_rewrite.py)
     source_sha256: str | None = None  # the spec's pin: the bytes read must have it (import_step sets it)
@@ -47,15 +47,15 @@ class Config(StageConfig):
             yield f"source_sha256 must be 64 lower-case hex digits, got {self.source_sha256!r}"
         if self.format not in ROUTES:
             yield f"format must be one of {', '.join(ROUTES)}, got {self.format!r}"
-        elif self.format == "onnx" and (self.route or self.io or self.custom_ops):
-            yield "an ONNX source is not converted: route, io and custom_ops are for TFLite and NNEF sources"
-        elif self.format != "onnx" and (self.route != ROUTES[self.format] or self.io is None):
-            yield f"a {self.format} source needs route {ROUTES[self.format]!r} and the io it must keep"
+        elif self.format == "onnx" and (self.routes or self.io or self.custom_ops):
+            yield "an ONNX source is not converted: routes, io and custom_ops are for TFLite and NNEF sources"
+        elif self.format != "onnx" and (tuple(self.routes) != ROUTES[self.format] or self.io is None):
+            yield f"a {self.format} source needs routes {ROUTES[self.format]!r} and the io it must keep"
 
     def as_key(self) -> dict:
         key = {"opset": self.opset}
         if self.format != "onnx":  # converted to ONNX first (sources.py)
-            key.update(format=self.format, route=self.route, io=key_value(self.io),
+            key.update(format=self.format, routes=list(self.routes), io=key_value(self.io),
                        custom_ops=list(self.custom_ops))
         if self.source_sha256 is not None:
             key["source_sha256"] = self.source_sha256
@@ -73,7 +73,7 @@ def run(ctx) -> None:
     cfg = ctx.cfg
     fmt = cfg.format
     copy = read_source(ctx)
-    source, rewrites = (copy, None) if fmt == "onnx" else _convert(ctx, cfg, copy)
+    source, conversion = (copy, None) if fmt == "onnx" else _convert(ctx, cfg, copy)
     try:
         model = onnx.load(str(source))
     except Exception as exc:
@@ -101,13 +101,14 @@ def run(ctx) -> None:
         (n.domain or "ai.onnx") + "::" + n.op_type if n.domain not in ("", "ai.onnx") else n.op_type
         for n in model.graph.node)
     ctx.output("model.onnx").write_bytes(model.SerializeToString(deterministic=True))
-    report = {**({"format": fmt, "route": cfg.route} if fmt != "onnx" else {}),
+    report = {**({"format": fmt, "route": conversion["route"], "attempts": conversion["attempts"]}
+                 if conversion is not None else {}),
               "source_opset": source_opset, "opset": main_opset(model),
               "ir_version": model.ir_version, "producer": model.producer_name,
               "graph_name": model.graph.name, "nodes": len(model.graph.node),
               "ops": dict(sorted(ops.items()))}
-    if rewrites is not None:  # a converted source: the checked rewrites of its graph (tflite_rewrite)
-        report["rewrites"] = rewrites
+    if conversion is not None:  # a converted source: the checked rewrites of its graph (tflite_rewrite)
+        report["rewrites"] = conversion["rewrites"]
     ctx.output("import.json").write_text(pretty_json(report))
 
 
@@ -164,26 +165,29 @@ def _copy_hashing(source: Path, dest: Path) -> str:
 
 
 def _convert(ctx, cfg: Config, source: Path):
-    """A TFLite file or NNEF folder (the checked copy) -> ONNX in the scratch folder (sources.py),
-    interface checked."""
+    """A TFLite file or NNEF folder (the checked copy) -> ONNX in the scratch folder (sources.py:
+    each route of cfg.routes in order, the first that converts and matches LiteRT used),
+    interface checked. Returns (the ONNX file, the conversion's record: route, attempts, rewrites)."""
     from . import sources
     from ..spec.model import read_signature
     fmt = cfg.format
     converted = ctx.output("model.onnx")  # rewritten below once checked and opset-normalised
     try:  # a TFLite source's custom ops: rewritten into builtins where a rule knows them (tflite_rewrite)
-        rewrites = sources.to_onnx(source, fmt, converted, log=ctx.log)
+        conversion = sources.to_onnx(source, fmt, converted, log=ctx.log)
     except sources.ConversionError as exc:
-        if cfg.custom_ops and "custom op" in str(exc):
+        if cfg.custom_ops and str(exc).startswith("custom op"):  # refused before any route (tflite_rewrite)
             raise ctx.error(f"the TFLite model uses {exc}", hint="re-export the model with builtin TFLite "
                             "ops only (or add a rewrite rule to pipeline/stages/tflite_rewrite.py)")
-        raise ctx.error(f"{cfg.route} failed: {exc}", log=True,
-                        hint="an op nnef-tools cannot convert needs a custom converter in "
-                             "pipeline/stages/nnef_fixes.py, or a re-export of the model")
+        raise ctx.error(f"no route converts the {fmt} source ({', '.join(cfg.routes)}): {exc}", log=True,
+                        hint="an op a route refuses needs a converter: a custom one in "
+                             "pipeline/stages/nnef_fixes.py (nnef-tools) or an op_<NAME> method in "
+                             "pipeline/stages/tflite_onnx.py; or re-export the model")
     mismatch = sources.io_mismatches(cfg.io, read_signature(converted))
     if mismatch:
-        raise ctx.error(f"the converted model's interface differs from the {fmt} source: "
-                        f"{'; '.join(mismatch)}", hint="report it; the conversion route changed the model")
-    return converted, rewrites
+        raise ctx.error(f"the converted model's interface differs from the {fmt} source "
+                        f"({conversion['route']}): {'; '.join(mismatch)}",
+                        hint="report it; the conversion route changed the model")
+    return converted, conversion
 
 
 # ----------------------------------------------------------------------------- steps
@@ -195,7 +199,7 @@ def steps(project) -> list:
 def import_step(layout, model) -> Step:
     fmt = model.source_format
     config = Config(opset=model.opset, source_sha256=model.source_sha256) if fmt == "onnx" else Config(
-        opset=model.opset, format=fmt, route=ROUTES[fmt],
+        opset=model.opset, format=fmt, routes=ROUTES[fmt],
         io={k: model.signature[k] for k in ("inputs", "outputs")},
         custom_ops=tuple(model.signature.get("custom_ops", [])), source_sha256=model.source_sha256)
     return Step(stage="import", name=model.name, version=VERSION,  # inputs: every file of the source

@@ -317,7 +317,7 @@ def manifest_step(project, target) -> Step:
                 inputs[f"{prefix}:tune.step"] = tuned / RECORD
     entries = [ModelEntry(name=m.name, description=m.description,
                           source={"file": m.source.name, "sha256": m.source_sha256,
-                                  **({"format": m.source_format, "routes": ROUTES[m.source_format],
+                                  **({"format": m.source_format, "routes": list(ROUTES[m.source_format]),
                                       "golden": GOLDEN[m.source_format]}
                                      if m.source_format != "onnx" else {})},
                           shape_of=m.shape_of, shape=m.shape if m.shape_of else None,

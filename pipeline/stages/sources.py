@@ -1,5 +1,6 @@
-"""Converting TFLite files and NNEF folders to ONNX (the import stage's route), and running
-TFLite sources in LiteRT (their golden reference). What a source is: pipeline/spec/sources.py.
+"""Converting TFLite files and NNEF folders to ONNX (the import stage's routes: a TFLite file
+tries nnef-tools, then tflite_onnx.py, and takes the first conversion that matches LiteRT), and
+running TFLite sources in LiteRT (their golden reference). What a source is: pipeline/spec/sources.py.
 
 The import stage converts its own copy of the source, whose bytes it has hashed and checked
 against the spec's pin (import_model.read_source): to_onnx reads nothing else.
@@ -12,12 +13,20 @@ import tempfile
 from pathlib import Path
 
 from ..core.tools import python_module_argv, run_tool
-from ..spec.sources import read_signature
+from ..spec.sources import DIRECT_TFLITE, NNEF_TOOLS_TFLITE, ROUTES, read_signature
 
 
 # ----------------------------------------------------------------------------- conversion
 class ConversionError(Exception):
     pass
+
+
+# A route's conversion is used only if onnxruntime runs it and its outputs match LiteRT's on one
+# seeded input within MATCH_RELATIVE of the outputs' magnitude (floats) or MATCH_STEPS quantization
+# steps (integer outputs): a gate against wrong conversions (nnef-tools once dropped a fused ReLU:
+# error 28 on outputs up to 36), not the acceptance test, which is the static stage's, against the
+# spec's tolerance. Full-integer kernels may round one step apart from QDQ in onnxruntime.
+MATCH_RELATIVE, MATCH_STEPS, CHECK_SEED = 1e-2, 2, 0
 
 
 def _nnef_tools(args: list[str], log: Path | None) -> None:
@@ -29,10 +38,30 @@ def _nnef_tools(args: list[str], log: Path | None) -> None:
     result = run_tool(python_module_argv("pipeline.stages.nnef_fixes", *args), log=log,
                       what="nnef-tools", env=env, check=False)
     if result.returncode != 0 or "cannot be converted" in result.output:
-        lines = [l for l in result.output.splitlines() if l.strip()]
-        detail = [l for l in lines if "not implemented" in l or "Error" in l or "error" in l]
-        raise ConversionError("; ".join(dict.fromkeys(detail or lines[-1:]))[:600]
-                              or f"exit {result.returncode}")
+        raise ConversionError(converter_reason(result.output) or f"exit {result.returncode}")
+
+
+def converter_reason(output: str) -> str:
+    """What a converter's output says stopped it: each op it refused with its reason ("Conversion
+    of operator 'X' is not possible: why"), else the exception of a traceback with the frame that
+    raised it (an AssertionError says nothing by itself), else its last line."""
+    lines = [l.rstrip() for l in output.splitlines() if l.strip()]
+    refused = [l.strip() for l in lines if re.match(r"\s*Conversion of operator '.*' is not (possible|implemented)", l)]
+    if refused:
+        return "; ".join(dict.fromkeys(refused))[:600]
+    if any(l.startswith("Traceback") for l in lines):
+        errors = [k for k, l in enumerate(lines) if re.match(r"[A-Za-z_.]*(Error|Exception)\b", l)]
+        frames = [k for k, l in enumerate(lines) if re.match(r'\s*File ".*", line \d+, in ', l)]
+        if errors:
+            k = errors[-1]
+            where = [f for f in frames if f < k]
+            at = ""
+            if where:
+                m = re.match(r'\s*File "(.*)", line (\d+), in (.*)', lines[where[-1]])
+                code = lines[where[-1] + 1].strip() if where[-1] + 1 < k else ""
+                at = f" at {'/'.join(Path(m[1]).parts[-2:])}:{m[2]} in {m[3]}" + (f" ({code})" if code else "")
+            return f"{lines[k].strip()}{at}"[:600]
+    return lines[-1][:600] if lines else ""
 
 
 def _note(log: Path | None, text: str) -> None:
@@ -42,39 +71,136 @@ def _note(log: Path | None, text: str) -> None:
             out.write(text + "\n")
 
 
-def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> list[dict]:
-    """Convert a TFLite file or NNEF folder to ONNX at `out` with nnef-tools; raises ConversionError.
-    A TFLite file is first rewritten where it must be (tflite_rewrite: fused activations nnef-tools
-    would lose, sparse weights densified, known custom ops as builtins), each rewrite checked with
-    LiteRT: returns those rewrites (none: the source's own bytes are converted)."""
-    from . import nnef_fixes, tflite_rewrite
-    rewrites = []
+def _via_nnef_tools(model: Path, out: Path, log: Path | None, tmp: Path) -> None:
+    nnef_dir = Path(tmp) / "model.nnef"
+    _nnef_tools(["--input-format", "tflite", "--output-format", "nnef", "--input-model",
+                 str(model), "--output-model", str(nnef_dir), "--keep-io-names",
+                 "--custom-converters", "pipeline.stages.nnef_fixes",
+                 "--custom-fragments", "pipeline.stages.nnef_fixes"], log)
+    _nnef_to_onnx(nnef_dir, out, log)
+
+
+def _nnef_to_onnx(nnef_dir: Path, out: Path, log: Path | None) -> None:
+    from . import nnef_fixes
+    _nnef_tools(["--input-format", "nnef", "--output-format", "onnx", "--input-model",
+                 str(nnef_dir), "--output-model", str(out), "--keep-io-names",
+                 "--custom-converters", "pipeline.stages.nnef_fixes",
+                 "--decompose", *nnef_fixes.DECOMPOSE], log)
+
+
+def _via_tflite_onnx(model: Path, out: Path, log: Path | None, tmp: Path) -> None:
+    from . import tflite_onnx
+    try:
+        converted = tflite_onnx.convert(model.read_bytes(), graph_name=model.stem)
+    except tflite_onnx.Unsupported as exc:
+        raise ConversionError(str(exc)) from None
+    out.write_bytes(converted.SerializeToString(deterministic=True))
+
+
+TFLITE_ROUTES = {NNEF_TOOLS_TFLITE: _via_nnef_tools, DIRECT_TFLITE: _via_tflite_onnx}
+
+
+def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> dict:
+    """Convert a TFLite file or NNEF folder to ONNX at `out`. A TFLite file is first rewritten where
+    it must be (tflite_rewrite: fused activations nnef-tools would lose, sparse weights densified,
+    known custom ops as builtins), each rewrite checked with LiteRT; then the routes of ROUTES are
+    tried in order, each conversion run in onnxruntime against LiteRT (match_litert), the first
+    that passes used. Returns {"route": used, "attempts": [every route tried: status, reason or
+    check], "rewrites": [...]}; raises ConversionError naming each route's reason."""
+    if fmt == "nnef":
+        _nnef_to_onnx(source, out, log)
+        _clean_onnx(out, read_signature(source))
+        return {"route": ROUTES["nnef"][0], "attempts": [{"route": ROUTES["nnef"][0], "status": "used"}],
+                "rewrites": []}
+    from . import tflite_rewrite
+    data = source.read_bytes()
+    try:
+        rewritten, rewrites = tflite_rewrite.rewrite(data)
+        rewrites = tflite_rewrite.check(data, rewritten, rewrites)
+    except tflite_rewrite.RewriteError as exc:
+        raise ConversionError(str(exc)) from None
+    attempts, signature = [], read_signature(source)
     with tempfile.TemporaryDirectory() as tmp:
-        nnef_dir = source
-        if fmt == "tflite":
-            data = source.read_bytes()
+        model = source
+        if rewrites:  # else the source itself, byte for byte
+            model = Path(tmp) / source.name
+            model.write_bytes(rewritten)
+            _note(log, f"tflite rewrites: {[(r['rule'], r['count']) for r in rewrites]}; the "
+                       f"rewritten model (sha256 {tflite_rewrite.sha256(rewritten)}) is converted")
+        for k, route in enumerate(ROUTES["tflite"]):
+            attempt = Path(tmp) / f"route{k}.onnx"
             try:
-                rewritten, rewrites = tflite_rewrite.rewrite(data)
-                rewrites = tflite_rewrite.check(data, rewritten, rewrites)
-            except tflite_rewrite.RewriteError as exc:
-                raise ConversionError(str(exc)) from None
-            model = source
-            if rewrites:  # else the source itself, byte for byte
-                model = Path(tmp) / source.name
-                model.write_bytes(rewritten)
-                _note(log, f"tflite rewrites: {[(r['rule'], r['count']) for r in rewrites]}; the "
-                           f"rewritten model (sha256 {tflite_rewrite.sha256(rewritten)}) is converted")
-            nnef_dir = Path(tmp) / "model.nnef"
-            _nnef_tools(["--input-format", "tflite", "--output-format", "nnef", "--input-model",
-                         str(model), "--output-model", str(nnef_dir), "--keep-io-names",
-                         "--custom-converters", "pipeline.stages.nnef_fixes",
-                         "--custom-fragments", "pipeline.stages.nnef_fixes"], log)
-        _nnef_tools(["--input-format", "nnef", "--output-format", "onnx", "--input-model",
-                     str(nnef_dir), "--output-model", str(out), "--keep-io-names",
-                     "--custom-converters", "pipeline.stages.nnef_fixes",
-                     "--decompose", *nnef_fixes.DECOMPOSE], log)
-    _clean_onnx(out, read_signature(source))
-    return rewrites
+                TFLITE_ROUTES[route](model, attempt, log, Path(tmp))
+                _clean_onnx(attempt, signature)
+                _same_interface(signature, attempt)
+                check = match_litert(source, attempt, signature)
+            except ConversionError as exc:
+                attempts.append({"route": route, "status": "failed", "reason": str(exc)})
+                _note(log, f"route {route} failed: {exc}")
+                continue
+            attempts.append({"route": route, "status": "used", "check": check})
+            _note(log, f"route {route} used: {check}")
+            out.write_bytes(attempt.read_bytes())
+            return {"route": route, "attempts": attempts, "rewrites": rewrites}
+    raise ConversionError("; ".join(f"[{a['route']}] {a['reason']}" for a in attempts))
+
+
+def _same_interface(signature: dict, converted: Path) -> None:
+    """A route that changes the interface (a layout flip, a renamed output) is refused like one
+    that fails: io_mismatches, the import stage's own check, on the attempt."""
+    from ..spec.model import read_signature as onnx_signature
+    problems = io_mismatches(signature, onnx_signature(converted))
+    if problems:
+        raise ConversionError(f"the conversion's interface differs from the source's: {'; '.join(problems)}")
+
+
+def check_inputs(signature: dict, seed: int = CHECK_SEED) -> dict:
+    """One seeded input per source input (dynamic dims as 1): floats uniform in 0..1, 8-bit
+    integers over their whole range, other integers and booleans zero."""
+    import numpy as np
+    rng, arrays = np.random.default_rng(seed), {}
+    for i in signature["inputs"]:
+        dims, dtype = [d or 1 for d in i["dims"]], np.dtype(i["dtype"])
+        if dtype.kind == "f":
+            arrays[i["name"]] = rng.uniform(0, 1, dims).astype(dtype)
+        elif dtype in (np.uint8, np.int8):
+            info = np.iinfo(dtype)
+            arrays[i["name"]] = rng.integers(info.min, int(info.max) + 1, dims).astype(dtype)
+        else:
+            arrays[i["name"]] = np.zeros(dims, dtype)
+    return arrays
+
+
+def match_litert(source: Path, converted: Path, signature: dict) -> dict:
+    """Run the conversion in onnxruntime and the source in LiteRT (tflite_run, the golden reference)
+    on check_inputs; raises ConversionError if onnxruntime cannot run it or an output differs
+    beyond the gate (MATCH_RELATIVE, MATCH_STEPS). Returns the figures."""
+    import numpy as np
+    import onnxruntime as ort
+    arrays = check_inputs(signature)
+    want = tflite_run(source, arrays)
+    try:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # its refusal is reported below, not logged twice
+        session = ort.InferenceSession(str(converted), options, providers=["CPUExecutionProvider"])
+        got = dict(zip([o.name for o in session.get_outputs()], session.run(None, arrays)))
+    except Exception as exc:  # onnxruntime's own error types: the conversion is not runnable
+        raise ConversionError(f"onnxruntime cannot run the conversion: "
+                              f"{(str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]}") from None
+    worst = {"max_abs": 0.0}
+    for name, ref in want.items():
+        if name not in got or got[name].shape != ref.shape:
+            raise ConversionError(f"output {name!r}: {got[name].shape if name in got else 'missing'} "
+                                  f"from the conversion, {ref.shape} from LiteRT")
+        err = float(np.abs(got[name].astype(np.float64) - ref.astype(np.float64)).max()) if ref.size else 0.0
+        scale = float(np.abs(ref.astype(np.float64)).max()) if ref.size else 0.0
+        bound = MATCH_STEPS if ref.dtype.kind in "iu" else MATCH_RELATIVE * max(1.0, scale)
+        if err > bound:
+            raise ConversionError(f"output {name!r} differs from LiteRT by {err:.3g} (outputs up to "
+                                  f"{scale:.3g}, allowed {bound:.3g}) on the seeded check input")
+        if err >= worst["max_abs"]:
+            worst = {"output": name, "max_abs": err, "max_ref": scale}
+    return {"against": "litert (source)", "seed": CHECK_SEED, **worst}
 
 
 def _nnef_identifier(name: str) -> str:

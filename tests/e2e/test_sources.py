@@ -93,7 +93,7 @@ def test_tflite_source_golden_from_the_interpreter_and_nhwc_conversion(workspace
     assert result.returncode == 0, result.stdout + result.stderr
     a = workspace.artifacts / "models" / "face_landmark"
     imported = json.loads((a / "import" / "import.json").read_text())
-    assert imported["format"] == "tflite" and imported["route"] == sources.ROUTES["tflite"]
+    assert imported["format"] == "tflite" and imported["route"] == sources.NNEF_TOOLS_TFLITE
     assert set(imported["ops"]) >= {"Conv", "PRelu", "Transpose"}  # NHWC kept at the boundary
 
     golden = json.loads((a / "golden" / "golden.json").read_text())
@@ -255,7 +255,7 @@ def test_basic_pitch_onnx_and_tflite_sources_build_and_their_artifacts_agree(wor
 
     a = workspace.artifacts / "models"
     assert json.loads((a / "basic_pitch_tflite" / "import" / "import.json").read_text())["route"] == \
-        sources.ROUTES["tflite"]
+        sources.NNEF_TOOLS_TFLITE
     log = (workspace.artifacts / "logs" / "import" / "basic_pitch_tflite.log").read_text()
     assert "folded 8 constant shape op(s): {'PACK': 4, 'STRIDED_SLICE': 4}" in log
     for name in BASIC_PITCH:  # IREE cannot compile basic-pitch's reflect Pads; the Gathers it can

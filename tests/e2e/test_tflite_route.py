@@ -58,7 +58,7 @@ def _onnx_vs_litert(tflite: Path, tmp_path: Path) -> tuple[float, float, list, l
     import onnx
     import onnxruntime as ort
     out = tmp_path / (tflite.stem + ".onnx")
-    rewrites = conversion.to_onnx(tflite, "tflite", out, log=tmp_path / "convert.log")
+    rewrites = conversion.to_onnx(tflite, "tflite", out, log=tmp_path / "convert.log")["rewrites"]
     x = _input(tflite)
     want = conversion.tflite_run(tflite, x)
     sess = ort.InferenceSession(str(out))

@@ -1,0 +1,214 @@
+"""The TFLite routes on generated graph families (issue 28, item 5; tests/families/tflite.py): each
+member converted and compared with LiteRT on the original; the routes tried in order, each attempt
+recorded with the op and reason of a refusal; a few members built through the pipeline to a
+compiler. Figures measured: docs/measurements/2026-12-02-tflite-routes.md."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, REPO, sha256, target_registry
+from families import tflite as fam
+from pipeline.spec.sources import DIRECT_TFLITE, NNEF_TOOLS_TFLITE, read_signature
+from pipeline.stages import sources as conversion
+from pipeline.stages import tflite_onnx
+
+MEMBERS = {f"{family}/{name}": data for family, name, data in fam.members()}
+
+
+def _write(tmp_path, key: str):
+    path = tmp_path / (key.replace("/", "_") + ".tflite")
+    path.write_bytes(MEMBERS[key])
+    return path
+
+
+def _run_onnx(model, arrays: dict) -> dict:
+    import onnxruntime as ort
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, arrays)))
+
+
+# ----------------------------------------------------------------------------- the direct route
+@pytest.mark.parametrize("key", sorted(MEMBERS))
+def test_direct_route_matches_litert_on_every_member(tmp_path, key):
+    """tflite_onnx on each member: valid ONNX with the source's interface (names, dtypes, batch -1
+    kept as a free dim), onnxruntime's outputs equal LiteRT's: bit for bit on the full-integer
+    members (QDQ, integer I/O), to float rounding on the others (2.4e-7..9.5e-7 measured)."""
+    import onnx
+    source = _write(tmp_path, key)
+    model = tflite_onnx.convert(source.read_bytes())
+    onnx.checker.check_model(model, full_check=True)
+    signature = read_signature(source)
+    arrays = conversion.check_inputs(signature, seed=3)
+    want = conversion.tflite_run(source, arrays)
+    got = _run_onnx(model, arrays)
+    for kind, infos in (("inputs", model.graph.input), ("outputs", model.graph.output)):
+        assert [i.name for i in infos] == [t["name"] for t in signature[kind]]
+        for info, t in zip(infos, signature[kind]):
+            assert onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type) == np.dtype(t["dtype"])
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+            assert dims == t["dims"]
+    for name, ref in want.items():
+        assert got[name].dtype == ref.dtype and got[name].shape == ref.shape
+        if key.startswith("quantized/") and ref.dtype.kind in "iu":
+            np.testing.assert_array_equal(got[name], ref)
+        else:
+            assert np.abs(got[name] - ref).max() <= 2e-6 * max(1.0, float(np.abs(ref).max()))
+    ops = {n.op_type for n in model.graph.node}
+    if key.startswith("quantized/"):  # integer kept: the compilers see QDQ, not dequantized floats
+        assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Gemm"} <= ops
+        assert any(i.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) for i in model.graph.initializer)
+    if key.startswith("resize/"):
+        assert "Resize" in ops
+
+
+def test_full_integer_model_on_its_whole_input_range(tmp_path):
+    """The uint8 member over 8 random frames spanning 0..255: outputs equal LiteRT's, bit for bit."""
+    source = _write(tmp_path, "quantized/uint8")
+    model = tflite_onnx.convert(source.read_bytes())
+    rng = np.random.default_rng(11)
+    for _ in range(8):
+        x = {"input": rng.integers(0, 256, (1, 12, 12, 3)).astype(np.uint8)}
+        np.testing.assert_array_equal(_run_onnx(model, x)["probs"], conversion.tflite_run(source, x)["probs"])
+
+
+@pytest.mark.parametrize("path", [REPO / "models" / "face_landmark" / "face_landmark.tflite",
+                                  *sorted((FIXTURES / "tflite_mediapipe").glob("*.tflite"))], ids=lambda p: p.stem)
+def test_direct_route_on_real_graphs(path):
+    """face_landmark (PRELU, fp16 weights through DEQUANTIZE) and the MediaPipe cuts (fused RELU6,
+    sparse weights, the custom transposed convolution), after tflite_rewrite as the import does:
+    tflite_onnx matches LiteRT on the original (face_landmark 4.6e-5 on outputs up to 158)."""
+    from pipeline.stages import tflite_rewrite
+    rewritten, _ = tflite_rewrite.rewrite(path.read_bytes())
+    arrays = conversion.check_inputs(read_signature(path), seed=5)
+    want = conversion.tflite_run(path, arrays)
+    got = _run_onnx(tflite_onnx.convert(rewritten), arrays)
+    for name, ref in want.items():
+        assert np.abs(got[name] - ref).max() <= 2e-5 * max(1.0, float(np.abs(ref).max()))
+
+
+def test_direct_route_names_the_op_and_reason_it_refuses():
+    g = fam.Graph()
+    x = g.tensor("x", [1, 4, 4, 2])
+    y = g.tensor("y", [1, 4, 4, 2])
+    g.op(fam._op("MIRROR_PAD"), [x, g.const("pads", np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32))],
+         [g.tensor("padded", [1, 6, 6, 2])], g.options("MirrorPadOptions", mode=1), "MirrorPadOptions")
+    g.op(fam._op("CUMSUM"), [x, g.const("axis", np.array(1, np.int32))], [y], g.options("CumsumOptions"),
+         "CumsumOptions")
+    with pytest.raises(tflite_onnx.Unsupported, match=r"op MIRROR_PAD \(operator #0\): SYMMETRIC mirror padding"):
+        tflite_onnx.convert(g.finish([x], [y]))
+
+
+# ----------------------------------------------------------------------------- routes tried in order
+@pytest.mark.parametrize("key,refusal", [
+    ("quantized/uint8", "AssertionError at nnef/shapes.py:"),
+    ("resize/33to257_align_corners",
+     "Conversion of operator 'RESIZE_BILINEAR' is not possible: bilinear resize must be integer up-sample"),
+    ("l2norm/rank2", "Conversion of operator 'l2_normalization' is not possible: axes must be of length 1"),
+    ("dilated/d2_same_m1", "onnxruntime cannot run the conversion: ")])
+def test_a_refused_model_takes_the_next_route_and_records_why(tmp_path, key, refusal):
+    """The classes the private corpus lost (nnef-tools' shape assertion on a full-integer model, a
+    non-integer bilinear upsampling with align_corners, L2_NORMALIZATION) and a conversion
+    onnxruntime refuses (dilated SAME): the first route's refusal is recorded with its op and
+    reason, not the converter's last output line, and the second route is used, checked against
+    LiteRT."""
+    source = _write(tmp_path, key)
+    out = tmp_path / "model.onnx"
+    result = conversion.to_onnx(source, "tflite", out, log=tmp_path / "import.log")
+    first, second = result["attempts"]
+    assert first["route"] == NNEF_TOOLS_TFLITE and first["status"] == "failed"
+    assert first["reason"].startswith(refusal), first["reason"]
+    assert "output-shapes" not in first["reason"]
+    assert result["route"] == second["route"] == DIRECT_TFLITE and second["status"] == "used"
+    assert second["check"]["against"] == "litert (source)"
+    assert second["check"]["max_abs"] <= 1e-6 * max(1.0, second["check"]["max_ref"])
+    assert out.is_file()
+    log = (tmp_path / "import.log").read_text()
+    assert f"route {NNEF_TOOLS_TFLITE} failed: {first['reason']}" in log
+
+
+def test_a_model_the_first_route_takes_stays_on_it(tmp_path):
+    """The dynamic-batch SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE chain: nnef-tools takes it (its
+    shape ops folded), so it is used and the second route is not tried."""
+    source = _write(tmp_path, "shape_chain/batch_-1")
+    result = conversion.to_onnx(source, "tflite", tmp_path / "model.onnx")
+    assert [(a["route"], a["status"]) for a in result["attempts"]] == [(NNEF_TOOLS_TFLITE, "used")]
+    assert result["attempts"][0]["check"]["max_abs"] < 1e-5
+
+
+def test_when_every_route_fails_the_error_names_each_op_and_reason(tmp_path):
+    """An op neither route converts (REVERSE_V2, which LiteRT runs): the error lists both routes,
+    each with the op and its reason. And an op whose builtin code is above 127 (CUMSUM): nnef-tools'
+    reader reads only the deprecated 8-bit code (127 = "see builtin_code"), which is said as the
+    exception and the frame that raised it."""
+    def one_op(op, options, extra):
+        g = fam.Graph()
+        x, y = g.tensor("x", [1, 4, 8]), g.tensor("y", [1, 4, 8])
+        g.op(fam._op(op), [x, g.const("axis", np.array(extra, np.int32))], [y], g.options(options), options)
+        source = tmp_path / f"{op}.tflite"
+        source.write_bytes(g.finish([x], [y]))
+        with pytest.raises(conversion.ConversionError) as err:
+            conversion.to_onnx(source, "tflite", tmp_path / "model.onnx")
+        return str(err.value)
+    message = one_op("REVERSE_V2", "ReverseV2Options", [1])
+    assert message == (f"[{NNEF_TOOLS_TFLITE}] Conversion of operator 'REVERSE_V2' is not implemented; "
+                       f"[{DIRECT_TFLITE}] op REVERSE_V2 (operator #0) has no conversion here")
+    message = one_op("CUMSUM", "CumsumOptions", 1)
+    assert message.startswith(f"[{NNEF_TOOLS_TFLITE}] KeyError: 127 at lite/reader.py:")
+    assert message.endswith(f"[{DIRECT_TFLITE}] op CUMSUM (operator #0) has no conversion here")
+
+
+def test_a_conversion_that_differs_from_litert_is_refused(tmp_path):
+    """match_litert, the gate every route passes: a conversion whose outputs differ (here: the
+    bias of the resize member's last convolution changed after conversion) is refused with the
+    numbers."""
+    import onnx
+    from onnx import numpy_helper
+    source = _write(tmp_path, "resize/8to16_asymmetric")
+    model = tflite_onnx.convert(source.read_bytes())
+    (bias,) = [i for i in model.graph.initializer if i.name == "mask_b"]
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 0.5, "mask_b"))
+    out = tmp_path / "wrong.onnx"
+    onnx.save(model, out)
+    with pytest.raises(conversion.ConversionError, match=r"output 'mask' differs from LiteRT by 0\.5"):
+        conversion.match_litert(source, out, read_signature(source))
+
+
+# ----------------------------------------------------------------------------- through the build
+def test_refused_classes_build_to_a_compiler_and_record_their_route(workspace):
+    """A full-integer int8 classifier (int8 in and out, per-channel weights), a 33 -> 257 align_corners segmentation
+    head and an L2_NORMALIZATION embedding as models: imported by the second route (recorded in
+    import.json and the manifest with the first route's reason), golden from LiteRT, static model
+    checked, compiled by IREE for the host and validated."""
+    models = {"kws_l2norm": ("l2norm/rank2", "float32", "{seed: 3, low: -1.0, high: 1.0}", "1.0e-4"),
+              "seg_resize": ("resize/33to257_align_corners", "float32", "{seed: 3, low: 0.0, high: 1.0}", "1.0e-4"),
+              "cls_int8": ("quantized/int8_per_channel", "int8", "{seed: 3, low: -128, high: 127}", "2.0")}
+    for name, (key, dtype, data, tol) in models.items():
+        folder = workspace.models / name
+        folder.mkdir(parents=True)
+        path = folder / f"{name}.tflite"
+        path.write_bytes(MEMBERS[key])
+        (folder / "LICENSE").write_text("generated by tests/families/tflite.py (modelyard), no rights reserved\n")
+        (shape,) = [i["dims"] for i in read_signature(path)["inputs"]]
+        (folder / "model.yaml").write_text(
+            f"description: {key}\nsource:\n  path: {name}.tflite\n  sha256: {sha256(path)}\n"
+            f"license: [LICENSE]\ninputs:\n  input:\n    shape: {shape}\n    dtype: {dtype}\n"
+            f"    test_data:\n      random: {data}\n"
+            f"tolerance:\n  max_abs: {tol}\n  mean_abs: 1.0\n  cosine: 0.999\n")
+    targets = target_registry(workspace.root / "targets",
+                              lambda abi: abi.get("backend") == "llvm-cpu" and abi.get("compiler", "iree") == "iree")
+    workspace.build("target=host", f"targets={targets}")
+    doc = json.loads((workspace.artifacts / "host" / "manifest.json").read_text())
+    for name in models:
+        imported = json.loads((workspace.artifacts / "models" / name / "import" / "import.json").read_text())
+        assert imported["route"] == DIRECT_TFLITE
+        assert [(a["route"], a["status"]) for a in imported["attempts"]] == [
+            (NNEF_TOOLS_TFLITE, "failed"), (DIRECT_TFLITE, "used")]
+        entry = doc["models"][name]
+        assert entry["source"]["route"] == DIRECT_TFLITE and entry["source"]["attempts"] == imported["attempts"]
+        (art,) = entry["artifacts"].values()
+        assert art["validation"]["status"] == "passed", (name, art["validation"])
+    assert doc["models"]["cls_int8"]["io"]["inputs"][0]["dtype"] == "int8"
+    assert {"QuantizeLinear", "DequantizeLinear"} <= set(doc["models"]["cls_int8"]["static_model"]["ops"])
