@@ -145,7 +145,9 @@ class Runner:
                 path = layout.resolve(art["path"])
                 choice = cls._choice(abi, art, path, vulkan_driver, vk_cache, considered)
                 n_out = len(entry_doc["io"]["outputs"])
-                return cls._load(choice, art, n_out, vulkan_driver, {**where, "target": f"{target}/{abi}"})
+                runner = cls._load(choice, art, n_out, vulkan_driver, {**where, "target": f"{target}/{abi}"})
+                runner._declared = [o.get("dtype") for o in entry_doc["io"]["outputs"]]
+                return runner
             considered.append((abi, why))
         reasons = "; ".join(f"{abi}: {why}" for abi, why in considered)
         raise PipelineError(f"no artifact of {model} can run on this machine ({reasons})",
@@ -239,6 +241,20 @@ class Runner:
         return runner
 
     _tvm = False
+    _declared: list = []  # the outputs' dtypes in the manifest's io
+
+    def _as_declared(self, outputs: list) -> list:
+        """IREE's integers are signless: a uint8 output comes back as int8 with the same bytes.
+        Read such an output as the dtype the manifest declares (as validation did)."""
+        import numpy as np
+        fixed = []
+        for k, out in enumerate(outputs):
+            want = np.dtype(self._declared[k]) if k < len(self._declared) and self._declared[k] else None
+            if want is not None and out.dtype != want and out.dtype.kind in "iu" and \
+                    want.kind in "iu" and out.dtype.itemsize == want.itemsize:
+                out = out.view(want)
+            fixed.append(out)
+        return fixed
 
     # -------------------------------------------------------------------------- running
     def run(self, *inputs):
@@ -260,10 +276,10 @@ class Runner:
                         + [f"--output=@{o}" for o in outs]
                     env = None
                 run_tool(argv, log=None, what="emulated run", env=env, stage=STAGE, **self._where)
-                return [np.load(o) for o in outs]
+                return self._as_declared([np.load(o) for o in outs])
         if self.choice.backend == "llvm":  # TVM: numpy in, numpy out
             return self._fn(*inputs)
         results = self._fn(*inputs)
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        return [to_host(r) for r in results]
+        return self._as_declared([to_host(r) for r in results])

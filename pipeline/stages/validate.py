@@ -139,7 +139,7 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
                                           shader_cache=shader_cache)
         run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
                  hint=run_hint, timeout=3600, progress=f"{ctx.step.stage}:{ctx.step.name}", **where)
-    actual = [np.load(p, allow_pickle=False) for p in outputs]
+    actual = [signless(np.load(p, allow_pickle=False), e) for p, e in zip(outputs, expected)]
     for p in outputs:
         p.unlink()
     names = [o["name"] for o in doc["outputs"]]
@@ -148,6 +148,16 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
         raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
                         f"({summary(result)})", hint=wrong_hint)
     return doc, actual, names, executed, result
+
+
+def signless(actual, expected):
+    """IREE's integers are signless: a uint8 output of the model comes back from its runtime as
+    int8 with the same bytes (and uint16/32/64 likewise). Such an array is read as the model's
+    declared type, bit for bit; any other dtype difference is left for compare() to report."""
+    a, e = actual.dtype, expected.dtype
+    if a != e and a.kind in "iu" and e.kind in "iu" and a.itemsize == e.itemsize:
+        return actual.view(e)
+    return actual
 
 
 def _same_flags(ctx) -> None:
