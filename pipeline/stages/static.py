@@ -301,8 +301,9 @@ def run(ctx) -> None:
                         f"{describe_failures(result)} ({summary(result)}); the model went "
                         f"through {', '.join(changed_by)}",
                         hint="one of those changed the numerics; report the model, or loosen "
-                             "`tolerance` if the difference is acceptable (a contrib op "
-                             "decomposed into float ops differs by the int8 rounding it drops)")
+                             "`tolerance` if the difference is acceptable (a DynamicQuantizeLSTM "
+                             "that could not be unrolled exactly becomes a float LSTM, which "
+                             "differs by the int8 rounding it drops: see `rewrites_declined`)")
     ops = collections.Counter(n.op_type for n in model.graph.node)
     declined = made.pop("rewrites_declined", None)
     report = {"nodes_before": made.pop("nodes_before"), "nodes": len(model.graph.node),

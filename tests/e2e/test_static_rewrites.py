@@ -216,43 +216,8 @@ def _lstm_feeds(seq=5, batch=1, size=6, hidden=8, dirs=2):
             "c0": _w(dirs, batch, hidden)}
 
 
-def test_dynamic_quantize_lstm_becomes_lstm_on_dequantized_weights(tmp_path):
-    """onnxruntime's own quantizer makes the DynamicQuantizeLSTM; the standard LSTM that
-    replaces it stays within int8 activation rounding of onnxruntime on the quantized model."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    onnx.save(_lstm_model(hidden=16, size=16), tmp_path / "f.onnx")
-    quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["LSTM"])
-    model = onnx.load(str(tmp_path / "q.onnx"))
-    assert "DynamicQuantizeLSTM" in _ops(model)
-    feeds = _lstm_feeds(hidden=16, size=16)
-    expected = _run(model, feeds)
-    assert rewrites.decompose_contrib_ops(model, Facts()) != []
-    assert not any(n.domain == "com.microsoft" for n in model.graph.node)
-    assert not any(o.domain == "com.microsoft" for o in model.opset_import)
-    got = _run(model, feeds)
-    for a, b in zip(got, expected):
-        assert np.abs(a - b).max() < 0.05      # activations int8 in onnxruntime, float here
-    float_ref = _run(onnx.load(str(tmp_path / "f.onnx")), feeds)
-    assert np.abs(got[0] - float_ref[0]).max() < 0.02   # weight rounding only
-
-
-def test_dynamic_quantize_matmul_becomes_matmul():
-    b_q = RNG.integers(-127, 127, (6, 3)).astype(np.int8)
-    scale, zero = np.array([0.02, 0.03, 0.01], np.float32), np.zeros(3, np.int8)
-    node = h.make_node("DynamicQuantizeMatMul", ["a", "bq", "bs", "bz", "bias"], ["y"], domain="com.microsoft")
-    model = _model([node], [h.make_tensor_value_info("a", T.FLOAT, [2, 6])],
-                   [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
-                   [nh.from_array(b_q, "bq"), nh.from_array(scale, "bs"), nh.from_array(zero, "bz"),
-                    nh.from_array(_w(3), "bias")], extra_opsets=[h.make_opsetid("com.microsoft", 1)])
-    feeds = {"a": _w(2, 6, scale=1.0)}
-    expected = _run(model, feeds)[0]
-    assert rewrites.decompose_contrib_ops(model, Facts()) == ["y"]
-    assert _ops(model) == {"MatMul", "Add"}
-    got = _run(model, feeds)[0]
-    exact = feeds["a"] @ (b_q.astype(np.float32) * scale) + nh.to_array(model.graph.initializer[3])
-    np.testing.assert_allclose(got, exact, atol=1e-5)        # the dequantized weights, in float
-    assert np.abs(got - expected).max() < 0.2                # onnxruntime rounds `a` to uint8
+# DynamicQuantizeLSTM / DynamicQuantizeMatMul: tests/e2e/test_contrib_families.py (generated
+# families, exact against onnxruntime's own int8 arithmetic)
 
 
 def test_a_contrib_op_without_a_rewrite_names_the_op(tmp_path):
@@ -354,17 +319,18 @@ def test_romanizer_encoder_gru_unrolled_by_the_stage(tmp_path):
 
 def test_text2tashkeel_int8_static_without_contrib_ops(tmp_path):
     """The public DynamicQuantizeLSTM model (onnxruntime's quantizer output), at 24 characters:
-    no com.microsoft op left, both LSTMs unrolled, golden (onnxruntime on the int8 source) within
-    the int8-activation tolerance of the spec."""
+    no com.microsoft op left, both LSTMs unrolled with onnxruntime's own int8 arithmetic (uint8
+    activations quantized per step, int32 sums), so golden (onnxruntime on the int8 source) is
+    met within float rounding, not the int8-activation error a float LSTM makes (0.19-0.23)."""
     add_fixture_model(tmp_path / "models", "static_tashkeel")
     report, model = _static(tmp_path, "static_tashkeel")
     rules = {r["rule"]: r for r in report["rewrites"]}
     assert len(rules["decompose-contrib-ops"]["nodes"]) == 2
-    assert len(rules["unroll-recurrent"]["nodes"]) == 2
+    assert "unroll-recurrent" not in rules      # the decomposition unrolls the LSTMs itself
     assert not any(n.domain == "com.microsoft" for n in model.graph.node)
     assert not {"LSTM", "DynamicQuantizeLSTM"} & _ops(model)
     assert report["vs_original"]["passed"]
-    assert report["vs_original"]["outputs"][0]["max_abs"] < 0.5
+    assert report["vs_original"]["outputs"][0]["max_abs"] < 1e-5
 
 
 def test_silero_openvino_lstm_unrolled_and_pad_gathered(tmp_path):
