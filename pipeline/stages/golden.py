@@ -88,7 +88,15 @@ def run(ctx) -> None:
             names = cfg.outputs
             results = [got[n] for n in names]
         else:
-            sess = session(ctx.input("source"))
+            try:
+                sess = session(ctx.input("source"))
+            except Exception as exc:  # onnxruntime runs no batch-first LSTM/GRU: the same op
+                if "layout == 1" not in str(exc):  # in layout 0 between Transposes, by the spec
+                    raise
+                import tempfile
+                from .recurrent import sequence_first
+                with tempfile.TemporaryDirectory() as tmp:
+                    sess = session(sequence_first(ctx.input("source"), tmp))
             names = [o.name for o in sess.get_outputs()]
             results = sess.run(None, {s["name"]: a for s, a in zip(specs, arrays)})
     except Exception as exc:
