@@ -11,6 +11,7 @@
                                     in pyproject.toml); integrity_only=1: without one, integrity only
     doit keygen key=PATH            a new Ed25519 signing key pair (PATH and PATH.pub)
     doit cache status|push|gc|verify  the build cache: hit rates, upload, prune, check
+    doit cluster status             the Dask cluster's workers: resources, versions, running steps
     doit bisect model=NAME target=T abi=A   the first node a build gets wrong, and a repro
     doit new source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [license=PATH]
                                     a new models/NAME/ (source copied, model.yaml written, checked)
@@ -19,12 +20,14 @@ artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeli
 wait=0 (fail at once, instead of waiting, when another build holds the artifacts folder),
 cache=URL (a remote build cache: file://, http(s)://, s3://, gs://...; or $MODELYARD_CACHE)
 cache_push=1 (push what is built; pull-only otherwise) cache_pubkey=PATH cache_key=PATH
-cache_timeout=S, revalidate=1 (re-run validation here even when a cache has the result).
+cache_timeout=S, revalidate=1 (re-run validation here even when a cache has the result),
+executor=local|dask|auto scheduler=tcp://HOST:8786 (run the steps on a Dask cluster: docs/cluster.md).
 bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PCT gate=0|1.
 tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1|model
 curve=1 [points=0,25,50,100 rounds=N seconds=S warmup=N threads=N] (trials vs latency).
 """
 import sys
+import threading
 import time
 
 from doit import create_after, get_var
@@ -108,6 +111,17 @@ def _stage_task(stage):
     return creator
 
 
+def _at_the_end(fn):
+    """A teardown that runs once, when the command ends: with -P thread (executor=dask) doit runs
+    the teardowns in each thread as it runs out of tasks, and again in the main thread at the
+    end; only that last one is at the end."""
+    def teardown(*args):
+        if threading.current_thread() is threading.main_thread():
+            return fn(*args)
+        return None
+    return teardown
+
+
 def _asked_for_coverage() -> bool:
     """`doit coverage` (or coverage:report, or a command that lists tasks): not `doit build`,
     which runs the whole coverage task before making the steps after it."""
@@ -120,7 +134,7 @@ def _coverage_report() -> dict:
                                      "the rewrites applied and the ABIs that shipped",
             # a teardown runs once every other task of the command has: the table then shows
             # what this run's coverage steps (and the last build) left on disk
-            "actions": [], "teardown": [(doit_call, [coverage.doit_report, PROJECT,
+            "actions": [], "teardown": [(_at_the_end(doit_call), [coverage.doit_report, PROJECT,
                                                      [s.name for s in STAGES], get_var("target", None)])],
             "uptodate": [False], "verbosity": 2}
 
@@ -151,13 +165,36 @@ _NO_LOCK_COMMANDS = {"list", "info", "dumpdb", "help", "tabcompletion", "strace"
 _NO_LOCK_TASKS = {"verify", "keygen", "timings"}
 _WORDS = [a for a in sys.argv[1:] if not a.startswith("-") and "=" not in a]
 _READS_ONLY = (set(_WORDS) & _NO_LOCK_COMMANDS or (_WORDS and set(_WORDS) <= _NO_LOCK_TASKS | {"run"})
-               or _WORDS[-2:] == ["cache", "status"])
+               or _WORDS[-2:] == ["cache", "status"] or _WORDS[:1] == ["cluster"])
 if not _READS_ONLY:
     try:
         lock.acquire(PROJECT.layout.root, wait=get_var("wait", "1") not in ("0", "false", "no"))
     except PipelineError as err:
         print(f"modelyard: {err.render()}", file=sys.stderr)
         raise SystemExit(2)
+
+# Where the steps that must run run (pipeline/core/executor.py): here (executor=local, the
+# default) or on a Dask cluster, their bytes going through the remote cache (executor=dask
+# scheduler=tcp://HOST:8786; executor=auto: the cluster when it can be used, else here after one
+# warning). doit then runs several steps at once in threads, each waiting on a worker.
+_EXECUTOR = setting("executor", get_var("executor", None), env="MODELYARD_EXECUTOR") or "local"
+_SCHEDULER = setting("scheduler", get_var("scheduler", None), env="MODELYARD_SCHEDULER")
+_RUNS_NO_STEP = {"cluster", "cache", "timings", "verify", "keygen", "new"}
+if _EXECUTOR != "local" and not (_READ_ONLY_COMMAND or _READS_ONLY or set(_WORDS) & _RUNS_NO_STEP):
+    from pipeline.core import dask_executor, executor  # imports distributed (1.2 s): only here
+    try:
+        _RUNNER = dask_executor.start(_EXECUTOR, _SCHEDULER, store.configured_remote())
+        if _RUNNER is not None and dask_executor.process_parallel(sys.argv[1:]):
+            _RUNNER.close()
+            raise PipelineError("executor=dask runs several steps at once in threads of this "
+                                "process, each waiting on a worker", stage="cluster",
+                                hint="leave out -P process (-n N alone is fine)")
+    except PipelineError as err:
+        print(f"modelyard: {err.render()}", file=sys.stderr)
+        raise SystemExit(2)
+    if _RUNNER is not None:
+        executor.use(_RUNNER)
+        DOIT_CONFIG.update(_RUNNER.doit_config())
 
 
 def task_after_coverage():
@@ -184,7 +221,7 @@ def task_build():
 
 def task__timings():
     """(private) at the end of the command, failed or not: time per stage and the slowest steps"""
-    return {"actions": [], "teardown": [(timeline.build_summary, [PROJECT.layout, _STARTED])],
+    return {"actions": [], "teardown": [(_at_the_end(timeline.build_summary), [PROJECT.layout, _STARTED])],
             "uptodate": [False], "verbosity": 2}
 
 
@@ -295,6 +332,14 @@ def task_bisect():
                                      get_var("abi", None)])],
             "task_dep": [f"static:{model}", f"golden:{model}"] if known else [],
             "uptodate": [False], "verbosity": 2}
+
+
+def task_cluster():
+    """the Dask cluster the build can run on: doit cluster status [scheduler=tcp://HOST:8786]"""
+    def action(pos):
+        from pipeline.core import dask_executor  # imports distributed (1.2 s): only for this command
+        return doit_call(dask_executor.command, pos, _SCHEDULER)
+    return {"actions": [action], "pos_arg": "pos", "uptodate": [False], "verbosity": 2}
 
 
 def task_cache():

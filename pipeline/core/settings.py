@@ -6,6 +6,8 @@ the `[tool.modelyard]` table of the project's pyproject.toml.
     cache_push = false                                # pull-only unless a trusted job says so
     cache_pubkey = "keys/cache.pub"                  # records not signed by it are ignored
     verify_key = "keys/release.pub"                  # the key `doit verify` requires
+    executor = "dask"                                 # run steps on a Dask cluster (core/dask_executor.py)
+    scheduler = "tcp://builder.internal:8786"         # its scheduler
 
 Relative paths in the table are relative to the folder of that pyproject.toml.
 """

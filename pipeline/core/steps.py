@@ -6,7 +6,8 @@ Deciding whether to run is kept apart from running:
     versions);
   * when doit says "run", `execute` computes the full key (that fingerprint plus the sha256 of
     every input); if the outputs already on disk carry that key nothing happens; if the store
-    has the key its outputs are restored; otherwise the stage runs in a scratch folder.
+    has the key its outputs are restored; otherwise the stage runs in a scratch folder, here
+    or where the build's executor sends it (core/executor.py: a Dask cluster's worker).
 
 Publishing is ordered so that a step killed midway is never mistaken for done: the old
 `step.json` is removed first, outputs are renamed into place, `step.json` is written last.
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from . import executor
 from .codehash import code_digest
 from .errors import PipelineError
 from .layout import Layout
@@ -226,14 +228,9 @@ def _execute(step: Step) -> str:
                 shutil.rmtree(scratch, ignore_errors=True)
                 scratch.mkdir(parents=True)
                 cached = None
-        if cached is None:
-            step.log.parent.mkdir(parents=True, exist_ok=True)
-            step.log.write_text(f"# {step.stage} {step.name} key={key}\n")
-            step.action(StepContext(step, scratch))
-            missing = [o for o in step.outputs if not (scratch / o).is_file()]
-            if missing:
-                raise RuntimeError(f"stage {step.stage} did not write {missing}")  # a bug, not user error
-            outputs = store.put(key, step.stage, {o: scratch / o for o in step.outputs})
+        if cached is None:  # it must run: here, or where executor.use() said (revalidate: here)
+            runner = LOCAL if rerun else (executor.current() or LOCAL)
+            outputs = runner.run(step, key, parts, scratch, store)
             how = "ran"
         _publish(step, scratch, key, parts, outputs)
         return how
@@ -242,6 +239,25 @@ def _execute(step: Step) -> str:
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+class LocalExecutor(executor.Executor):
+    """Runs the step here, in this process: the stage writes into scratch, the store keeps the
+    outputs under the key (and pushes them when the remote cache is set to)."""
+
+    name = "local"
+
+    def run(self, step: Step, key: str, parts: dict, scratch: Path, store: Store) -> dict:
+        step.log.parent.mkdir(parents=True, exist_ok=True)
+        step.log.write_text(f"# {step.stage} {step.name} key={key}\n")
+        step.action(StepContext(step, scratch))
+        missing = [o for o in step.outputs if not (scratch / o).is_file()]
+        if missing:
+            raise RuntimeError(f"stage {step.stage} did not write {missing}")  # a bug, not user error
+        return store.put(key, step.stage, {o: scratch / o for o in step.outputs})
+
+
+LOCAL = LocalExecutor()
 
 
 def _publish(step: Step, scratch: Path, key: str, parts: dict, outputs: dict) -> None:

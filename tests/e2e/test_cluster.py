@@ -1,0 +1,307 @@
+"""Builds on a real Dask cluster on loopback: a `dask scheduler` and `dask worker` processes
+(one step at a time each, different resources), with nginx as the remote cache the inputs and
+outputs travel through. Tiny models for `host`, compared byte for byte with a local build.
+
+Faults: a worker killed mid-step (its step runs again on the other one, same bytes, nothing
+half-written in the cache); no scheduler at start (a clear error, or `executor=auto` builds
+here after one warning); a step failing on a worker (the build fails as it does locally, with
+the worker's log copied); a worker started from other code (refused).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import distributed
+import pytest
+
+from cache_server import Nginx, free_port, wait_listening
+from conftest import REPO, Workspace, add_tiny_model, ran, sha256, target_registry
+from pipeline.core import dask_executor
+from pipeline.core.executor import at, place
+from pipeline.graph import load_project
+from test_build import col2im_model
+
+
+class Cluster:
+    """A scheduler on a free loopback port, workers started on demand, nginx as the cache."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.nginx = Nginx(root / "nginx")
+        self.port = free_port()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._start("scheduler", ["distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                  "--port", str(self.port), "--no-dashboard"])
+        wait_listening(self.port)
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def _start(self, name: str, argv: list[str], cwd: Path = REPO, env: dict | None = None):
+        log = open(self.root / f"{name}.log", "w")
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", *argv], cwd=cwd,
+                                            env={**os.environ, **(env or {})}, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def worker(self, name: str, resources: str = "", code: Path = REPO) -> None:
+        """A worker running one step at a time, its code imported from the folder `code`."""
+        argv = ["distributed.cli.dask_worker", self.address, "--nthreads", "1", "--no-nanny",
+                "--name", name, "--no-dashboard", "--local-directory", str(self.root / "dask")]
+        env = {"MODELYARD_WORKER_DIR": str(self.workers), "PYTHONPATH": str(code)}
+        self._start(name, argv + (["--resources", resources] if resources else []), code, env)
+
+    def wait_for(self, n: int) -> None:
+        with distributed.Client(self.address, timeout=30, set_as_default=False) as client:
+            client.wait_for_workers(n, timeout=60)
+
+    @property
+    def workers(self) -> Path:
+        return self.root / "workers"
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a worker, and the tool it was running (a compiler in a group of its own)."""
+        import psutil
+        proc = self.procs[name]
+        children = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGKILL)
+        for child in children:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        self.nginx.stop()
+
+    def build_argv(self, ws: Workspace, *args: str) -> list[str]:
+        return [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args,
+                f"models={ws.models}", f"artifacts={ws.artifacts}", "executor=dask",
+                f"scheduler={self.address}", f"cache={self.nginx.url}"]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path / "cluster")
+    yield c
+    c.stop()
+
+
+def outputs(ws: Workspace) -> dict[str, str]:
+    """sha256 of every file a build made, but its logs and its own bookkeeping."""
+    return {p.relative_to(ws.artifacts).as_posix(): sha256(p) for p in sorted(ws.artifacts.rglob("*"))
+            if p.is_file() and not p.relative_to(ws.artifacts).as_posix().startswith((".", "logs/"))}
+
+
+def other_checkout(tmp_path: Path) -> Path:
+    """A copy of the code with one stage edited: another version of the pipeline."""
+    folder = tmp_path / "old-checkout"
+    shutil.copytree(REPO / "pipeline", folder / "pipeline",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    stage = folder / "pipeline" / "stages" / "validate.py"
+    stage.write_text(stage.read_text() + "\n# an older version of this stage\n")
+    return folder
+
+
+def test_a_build_on_two_workers_is_byte_identical_and_survives_a_killed_worker(tmp_path, cluster):
+    # the host's IREE ABI only: the suite's time goes to the cluster, not to a second compiler
+    targets = f"targets={target_registry(tmp_path / 'targets', lambda abi: abi['compiler'] == 'iree')}"
+    local = Workspace(tmp_path / "local")
+    add_tiny_model(local.models, "tiny", seed=31)
+    reference = local.build("target=host", targets)
+
+    cluster.worker("a", "qemu=1")
+    cluster.worker("b", "tune=1")
+    cluster.worker("old", code=other_checkout(tmp_path))
+    cluster.wait_for(3)
+    ws = Workspace(tmp_path / "cluster-ws")
+    add_tiny_model(ws.models, "tiny", seed=31)
+    build = subprocess.Popen(cluster.build_argv(ws, "build", "target=host", targets), cwd=ws.root,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the first compile to start on a worker: that worker is killed a second into it
+    deadline, victim = time.monotonic() + 300, None
+    while victim is None and build.poll() is None and time.monotonic() < deadline:
+        logs = sorted(cluster.workers.glob("*/*/artifacts/logs/*_compile/*.log"))
+        if logs:
+            victim = logs[0].relative_to(cluster.workers).parts[0]
+            killed_log = logs[0].relative_to(logs[0].parents[1])  # <stage>/<step>.log
+            time.sleep(1.0)
+            cluster.kill(victim)
+        time.sleep(0.05)
+    out, err = build.communicate(timeout=600)
+    assert victim in ("a", "b"), (victim, out, err)
+    assert build.returncode == 0, out + err
+    survivor = {"a": "b", "b": "a"}[victim]
+
+    # every step ran on a worker, the same steps as the local build, the same bytes
+    result = subprocess.CompletedProcess([], 0, out, err)
+    assert ran(result) == ran(reference)
+    assert outputs(ws) == outputs(local)
+    assert "host/manifest.json" in outputs(ws)
+    assert "host/tiny/cpu-x86_64/iree_compile/model.vmfb" in outputs(ws)
+    step_logs = sorted((ws.artifacts / "logs").glob("*/*.log"))
+    assert len(step_logs) == len(ran(reference))
+    for log in step_logs:
+        first = log.read_text().splitlines()[0]
+        assert first.startswith("# ran on dask worker a ") or first.startswith("# ran on dask worker b "), (log, first)
+        record = json.loads(log.with_name(log.name.replace(".log", ".cluster.json")).read_text())
+        assert record["how"] == "ran" and record["submitted"] <= record["started"] <= record["restored"]
+    # the killed step ran again, on the other worker
+    again = (ws.artifacts / "logs" / killed_log).read_text()
+    assert again.startswith(f"# ran on dask worker {survivor} "), again[:200]
+    # the worker with other code was refused, with the reason, and ran nothing
+    assert "refusing dask worker old" in err and "its pipeline code differs" in err, err
+    assert not list(cluster.workers.glob("old/*/artifacts/logs/*/*.log"))
+    # console progress: what runs where
+    assert f"{killed_log.parts[0]}:host/tiny/" in err and "started on worker" in err
+    # nothing half-written in the cache: every record names objects that are there, intact
+    served = cluster.nginx.www / "cache"
+    records = sorted((served / "ac").iterdir())
+    assert len(records) >= len(ran(reference))
+    for path in records:
+        for meta in json.loads(path.read_text())["outputs"].values():
+            obj = served / "cas" / meta["sha256"]
+            assert hashlib.sha256(obj.read_bytes()).hexdigest() == meta["sha256"], path.name
+
+    status = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "cluster",
+                             "status", f"scheduler={cluster.address}", f"artifacts={ws.artifacts}"],
+                            cwd=ws.root, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"scheduler {cluster.address}: 2 worker(s)" in status.stdout, status.stdout
+    assert f"  {survivor}  tcp://127.0.0.1:" in status.stdout
+    assert "same code and tools as this machine" in status.stdout
+    assert "REFUSED by a build from here: its pipeline code differs" in status.stdout
+
+
+def test_no_scheduler_is_a_clear_error_and_auto_builds_here(tmp_path):
+    nginx = Nginx(tmp_path / "nginx")
+    try:
+        ws = Workspace(tmp_path / "ws")
+        add_tiny_model(ws.models, "tiny", seed=32)
+        nobody = f"tcp://127.0.0.1:{free_port()}"
+        started = time.monotonic()
+        down = ws.doit("build", "target=host", "executor=dask", f"scheduler={nobody}",
+                       f"cache={nginx.url}")
+        assert down.returncode == 2, down.stdout + down.stderr
+        assert f"[stage=cluster] cannot reach the Dask scheduler {nobody}" in down.stderr
+        assert "next: start one (`dask scheduler`, see docs/cluster.md)" in down.stderr
+        assert time.monotonic() - started < 60
+        assert not (ws.artifacts / "models").exists() and ran(down) == []
+
+        no_cache = ws.doit("build", "executor=dask", f"scheduler={nobody}")
+        assert no_cache.returncode == 2
+        assert "none is set" in no_cache.stderr and "next: cache=URL" in no_cache.stderr
+
+        auto = ws.doit("import:tiny", "executor=auto", f"scheduler={nobody}", f"cache={nginx.url}")
+        assert auto.returncode == 0, auto.stdout + auto.stderr
+        warnings = [l for l in auto.stderr.splitlines() if "executor=auto" in l]
+        assert len(warnings) == 1 and "building here" in warnings[0], auto.stderr
+        assert ran(auto) == ["import:tiny"]
+        log = (ws.artifacts / "logs/import/tiny.log").read_text()
+        assert log.startswith("# import tiny key=")  # the local header: it ran here
+    finally:
+        nginx.stop()
+
+
+def test_a_step_failing_on_a_worker_fails_the_build_as_it_does_here(tmp_path, cluster):
+    """The local build pushes what it built to the cache: the cluster build restores those
+    steps (the build decides as ever what runs) and runs on the worker the one that fails
+    (a failure is never cached)."""
+    cluster.worker("solo")
+    local = Workspace(tmp_path / "local")
+    col2im_model(local.models)
+    here = local.build("target=host", f"cache={cluster.nginx.url}", "cache_push=1", check=False)
+    cluster.wait_for(1)
+    ws = Workspace(tmp_path / "cluster-ws")
+    col2im_model(ws.models)
+    there = subprocess.run(cluster.build_argv(ws, "build", "target=host"), cwd=ws.root,
+                           capture_output=True, text=True, timeout=600)
+
+    def paragraph(result, root: Path) -> list[str]:
+        """The failed step's error as doit prints it: where and what, its log, the next step."""
+        lines = (result.stdout + result.stderr).replace(str(root), "WS").splitlines()
+        return [l for l in lines if l.startswith("[model=") or l.startswith(("  log: ", "  next: "))]
+
+    assert here.returncode == there.returncode != 0, there.stdout + there.stderr
+    assert ran(there) == ran(here)
+    expected = paragraph(here, local.artifacts)
+    assert expected[0].startswith("[model=col2im target=host/cpu-x86_64 stage=iree_compile] "
+                                  "iree-compile failed"), expected
+    assert "  log: WS/logs/iree_compile/host_col2im_cpu-x86_64.log" in expected
+    assert paragraph(there, ws.artifacts) == expected
+    worked = sorted(p.parent.name for p in cluster.workers.glob("solo/*/artifacts/logs/*/*.log"))
+    assert worked == ["iree_compile"], worked
+    assert "error: failed to legalize operation" in there.stdout + there.stderr
+    log = (ws.artifacts / "logs/iree_compile/host_col2im_cpu-x86_64.log").read_text()
+    assert log.startswith("# ran on dask worker solo ") and "failed to legalize operation" in log
+    assert not (ws.artifacts / "host/col2im/cpu-x86_64/iree_compile").exists()
+    assert not (ws.artifacts / "host/manifest.json").exists()
+    assert "Traceback" not in there.stdout + there.stderr
+
+
+def test_a_cluster_whose_only_worker_runs_other_code_is_refused(tmp_path, cluster):
+    cluster.worker("old", code=other_checkout(tmp_path))
+    cluster.wait_for(1)
+    ws = Workspace(tmp_path / "ws")
+    add_tiny_model(ws.models, "tiny", seed=33)
+    result = subprocess.run(cluster.build_argv(ws, "build", "target=host"), cwd=ws.root,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (f"[stage=cluster] the Dask scheduler {cluster.address} has no worker that can run "
+            f"this build's steps; refused:") in result.stderr
+    assert "its pipeline code differs" in result.stderr
+    assert "next: start workers from this checkout" in result.stderr
+    assert ran(result) == [] and not (ws.artifacts / "models").exists()
+
+
+# ----------------------------------------------------------------------------- the pure parts
+def test_what_a_step_needs_of_a_worker(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    add_tiny_model(ws.models, "tiny")
+    registry = target_registry(tmp_path / "targets", lambda abi: True)
+    project = load_project(ws.models, ws.artifacts, "rk3588", registry)
+    needs = {s.name: dask_executor.needs(s) for s in project.steps("validate")}
+    assert needs["rk3588/tiny/cpu-aarch64"] == {"qemu": 1}
+    assert needs["rk3588/tiny/vulkan-baseline"] == {"vulkan": 1}
+    assert all(dask_executor.needs(s) == {} for s in project.steps("static"))
+
+
+def test_differences_say_what_refuses_a_worker():
+    ours = {"code": "a" * 64, "python": "3.11.7", "distributed": "2026.8.0",
+            "tools": {"onnx": "1.23.2", "qemu-aarch64-static": "sha256:" + "c" * 64}}
+    assert dask_executor.differences(ours, ours) == []
+    lacking = {**ours, "tools": {"onnx": "1.23.2", "qemu-aarch64-static": "missing"}}
+    assert dask_executor.differences(ours, lacking) == []  # it offers no `qemu`, that is all
+    other = {**ours, "code": "b" * 64, "tools": {"onnx": "1.22.0"}}
+    assert dask_executor.differences(ours, other) == [
+        "its pipeline code differs (sha256 bbbbbbbbbbbb there, aaaaaaaaaaaa here: another "
+        "checkout, or local edits)", "onnx 1.22.0 there, 1.23.2 here"]
+
+
+def test_places_keep_paths_under_the_artifacts_folder(tmp_path):
+    artifacts = tmp_path / "artifacts"
+    assert place(artifacts / "host/m/validate/validation.json", artifacts) == \
+        "artifacts/host/m/validate/validation.json"
+    assert place(tmp_path / "models/m/model.onnx", artifacts) == \
+        "files/" + (tmp_path / "models/m/model.onnx").as_posix().lstrip("/")
+    assert at(Path("/w"), "artifacts/a/b") == Path("/w/artifacts/a/b")
+    for bad in ("../x", "artifacts/../../x", "/etc/passwd", "other/x"):
+        with pytest.raises(ValueError):
+            at(Path("/w"), bad)
+    assert dask_executor.process_parallel(["-n", "2", "-P", "process"])
+    assert dask_executor.process_parallel(["--parallel-type=process"])
+    assert not dask_executor.process_parallel(["-n", "4", "-P", "thread", "build"])
