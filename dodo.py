@@ -235,7 +235,7 @@ def task__snapshot():
     """(private) after a successful build: the graph snapshot the next no-op build answers from"""
     def write():
         tasks = [{**doit_task(step), "name": f"{stage.name}:{step.name}"}
-                 for stage in STAGES for step in PROJECT.steps(stage.name)]
+                 for stage in STAGES if stage.in_build for step in PROJECT.steps(stage.name)]
         verdicts = [coverage_file(PROJECT.layout, t.name, m.name)
                     for t in PROJECT.targets for m in PROJECT.models]
         noop.write(__file__, sys.argv[1:], PROJECT.layout.root, PROJECT.layout.doit_db, tasks,
@@ -246,9 +246,10 @@ def task__snapshot():
 def task_release():
     """sign and bundle target=NAME's artifacts as version=X.Y.Z (key=PATH or $MODELYARD_SIGNING_KEY)"""
     target = get_var("target", None)
+    with_runtime = get_var("runtime", "1") not in ("0", "false", "no")  # the C runtime (docs/runtime.md)
     return {"actions": [(doit_call, [release.run, PROJECT, target, get_var("version", None),
-                                     get_var("key", None)])],
-            "task_dep": ["manifest"] if target else [],
+                                     get_var("key", None), with_runtime])],
+            "task_dep": (["manifest"] + (["runtime"] if with_runtime else [])) if target else [],
             "uptodate": [False], "verbosity": 2}
 
 

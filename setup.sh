@@ -17,7 +17,8 @@ say() { printf 'setup: %s\n' "$*"; }
 APT_PACKAGES=(qemu-user-static libc6-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross
               mesa-vulkan-drivers libvulkan1 vulkan-tools unzip chromium
               gcc-aarch64-linux-gnu g++-aarch64-linux-gnu   # TVM cross-compiles aarch64 .so files
-              nginx)   # the remote cache tests' server: Debian's nginx has WebDAV PUT built in
+              nginx    # the remote cache tests' server: Debian's nginx has WebDAV PUT built in
+              patch pkg-config)  # the C runtime: the upstream IREE fix applied at build time; its .pc file tested
 PYTHON=${PYTHON:-}
 if [ -z "$PYTHON" ]; then
   for candidate in python3.11 python3.12 python3.10 python3; do

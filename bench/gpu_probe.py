@@ -57,7 +57,7 @@ def prepare(args) -> int:
                            targets_dir=args.targets)
     model = next((m for m in project.models if m.name == args.model), None)
     target = project.targets[0]
-    abi = next((a for a in target.all_abis if a.name == args.abi), None)
+    abi = next((a for a in target.abis if a.name == args.abi), None)
     if model is None or abi is None:
         raise SystemExit(f"gpu_probe: no model {args.model!r} or ABI {args.abi!r} in {args.target}")
     static = static_model(project.layout, model)

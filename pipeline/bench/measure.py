@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from ..compilers.backends import BY_FORMAT
 from ..core.errors import PipelineError
 from ..core.layout import Layout
 from ..core.numerics import compare, summary as numerics_summary
@@ -116,7 +117,9 @@ def _flag(value: str) -> bool:
 
 # ----------------------------------------------------------------------------- statistics
 def runner_key(art: dict, device: str | None) -> str | None:
-    return f"tvm:{device}" if art.get("format") == "tvm-so" else device
+    """The RUNNERS key of an artifact validated on `device`: its backend's."""
+    backend = BY_FORMAT.get(art.get("format"))
+    return backend.runner_key(device) if backend is not None else device
 
 
 # ----------------------------------------------------------------------------- plan

@@ -44,6 +44,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from ..compilers.backends import BY_FORMAT
+from ..compilers.iree_backend import IREE
+from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
 from ..core.layout import Layout
 from ..core.store import atomic_write_text, pretty_json, sha256_file
@@ -405,7 +408,12 @@ def _runtime_tool(name: str) -> Path:
 
 class IreeProfiler:
     """One IREE CPU artifact: mapped once, then timed per round by iree-benchmark-module."""
-    runtime = "iree"
+    runtime = IREE.name
+
+    @staticmethod
+    def runs(art: dict, device: str | None) -> bool:
+        """An llvm-cpu artifact validated on IREE's CPU drivers."""
+        return art["abi"].get("backend") == "llvm-cpu" and device in ("local-task", "local-sync")
 
     def __init__(self, ctx: "Context", abi: str, art: dict):
         from ..compilers.iree_compiler import find_compiler
@@ -586,7 +594,11 @@ def tvm_entries(calls: list[dict], graph: Graph) -> list[dict]:
 class TvmProfiler:
     """One TVM CPU artifact: each kernel call mapped to its ONNX node once (values), then timed
     per round: whole runs, and every kernel call by time_evaluator on that call's own tensors."""
-    runtime = "tvm"
+    runtime = TVM.name
+
+    @staticmethod
+    def runs(art: dict, device: str | None) -> bool:
+        return device == "cpu"
 
     def __init__(self, ctx: "Context", abi: str, art: dict):
         import numpy as np
@@ -910,8 +922,11 @@ class Context:
         return self._reference
 
 
-def runnable(art: dict) -> tuple[str | None, str]:
-    """Which profiler an artifact gets here (iree / tvm), or None and why not."""
+PROFILERS = {IREE: IreeProfiler, TVM: TvmProfiler}   # backend -> its profiler
+
+
+def runnable(art: dict) -> tuple[type | None, str]:
+    """Which profiler an artifact gets here (its backend's, PROFILERS), or None and why not."""
     val = art.get("validation", {})
     executed = val.get("executed", {})
     if val.get("status") != "passed":
@@ -920,11 +935,9 @@ def runnable(art: dict) -> tuple[str | None, str]:
         return None, "emulated (qemu): its timings mean nothing"
     if art["abi"].get("run", {}).get("via") != "python":
         return None, f"runs via {art['abi'].get('run', {}).get('via')!r}, not on this CPU"
-    if art.get("format") == "tvm-so" and executed.get("device") == "cpu":
-        return "tvm", ""
-    if art["abi"].get("backend") == "llvm-cpu" and executed.get("device") in ("local-task",
-                                                                                 "local-sync"):
-        return "iree", ""
+    profiler = PROFILERS.get(BY_FORMAT.get(art.get("format")))
+    if profiler is not None and profiler.runs(art, executed.get("device")):
+        return profiler, ""
     return None, f"no profiler for {art.get('format')} on {executed.get('device')!r}"
 
 
@@ -955,8 +968,8 @@ def run(layout: Layout, target: str, model: str, options: Options,
     for abi, art in sorted(arts.items()):
         if options.abi and abi != options.abi:
             continue
-        kind, why = runnable(art)
-        (chosen.append((abi, art, kind)) if kind else skipped.append({"abi": abi, "reason": why}))
+        profiler, why = runnable(art)
+        (chosen.append((abi, art, profiler)) if profiler else skipped.append({"abi": abi, "reason": why}))
     if not chosen:
         listed = "; ".join(f"{s['abi']}: {s['reason']}" for s in skipped) or "none"
         raise PipelineError(f"no artifact of {model} for {target} can be profiled on this "
@@ -994,8 +1007,7 @@ def run(layout: Layout, target: str, model: str, options: Options,
             f"each, in turn")
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         load_start = round(os.getloadavg()[0], 2)
-        profilers = {abi: (IreeProfiler if kind == "iree" else TvmProfiler)(ctx, abi, art)
-                     for abi, art, kind in chosen}
+        profilers = {abi: profiler(ctx, abi, art) for abi, art, profiler in chosen}
         profilers[ORT] = OrtProfiler(ctx)
         for _ in range(options.rounds):
             for p in profilers.values():

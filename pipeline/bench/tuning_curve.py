@@ -40,7 +40,8 @@ from ..core.store import atomic_write_text, pretty_json, sha256_file
 from ..core.tools import run_tool
 from ..run.timing import OnnxruntimeCpuRunner, TvmCpuRunner, paired_ratio_p50, stats
 from ..stages import tuning_db, tvm_compile, tvm_tune
-from ..stages.plan import budget, tvm_abis
+from ..compilers.tvm_backend import TVM
+from ..stages.plan import budget, built_abis
 from .measure import machine
 
 SCHEMA = "modelyard.tuning-curve/1"
@@ -126,7 +127,7 @@ def command(project, target: str | None, model: str | None, raw: dict) -> str:
     """`doit tune ... curve=1`, after the tuning: a curve per tuned TVM artifact of the target."""
     opts = Options.from_vars(raw)
     found = [(m, t, a) for t in project.targets if t.name == target for m in project.models
-             if model in (None, m.name) and budget(m, t) for a in tvm_abis(project, m, t)]
+             if model in (None, m.name) and budget(m, t) for a in built_abis(project, m, t, TVM)]
     if not found:
         raise PipelineError(f"tuning curve: no model{' ' + model if model else ''} has a TVM "
                             f"tuning budget for {target}", stage=STAGE, target=target,

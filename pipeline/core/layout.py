@@ -60,6 +60,10 @@ class Layout:
     def manifest(self, target: str) -> Path:
         return self.target_dir(target) / "manifest.json"
 
+    def runtime(self, arch: str) -> Path:
+        """The board-side C runtime built for one architecture (stage `runtime`)."""
+        return self.root / "runtime" / arch
+
     def release(self, target: str, version: str) -> Path:
         return self.root / "releases" / target / version
 

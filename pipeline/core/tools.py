@@ -31,9 +31,10 @@ from .timings import note_child, own_rss_kb
 # Python distributions whose version is part of a step key when the step uses them.
 DISTRIBUTIONS = ("onnx", "onnxsim", "onnxruntime", "numpy", "iree-base-compiler",
                  "iree-base-runtime", "pillow", "nnef-tools", "nnef", "tflite", "ai-edge-litert",
-                 "apache-tvm", "apache-tvm-ffi", "xgboost-cpu")
+                 "apache-tvm", "apache-tvm-ffi", "xgboost-cpu", "cmake", "ninja")
 # External binaries identified by the sha256 of their (resolved) file.
-BINARIES = ("qemu-aarch64-static", "g++", "aarch64-linux-gnu-g++")
+BINARIES = ("qemu-aarch64-static", "g++", "aarch64-linux-gnu-g++", "gcc", "aarch64-linux-gnu-gcc",
+            "patch")
 
 ICD_DIR = Path("/usr/share/vulkan/icd.d")  # where Mesa installs its Vulkan drivers' manifests
 SETUP_HINT = "run ./setup.sh (it installs every tool the pipeline needs)"

@@ -35,7 +35,8 @@ from ..core.steps import execute
 from ..core.store import pretty_json
 from ..core.tools import run_tool
 from ..stages import iree_compile, validate
-from ..stages.plan import compiler_of, golden_files, static_model
+from ..compilers.iree_backend import IREE
+from ..stages.plan import golden_files, static_model
 
 STAGE = "bisect"
 MAX_WINDOW = 8   # nodes: the largest standalone repro tried
@@ -59,8 +60,8 @@ class Bisection:
 
         self.project, self.model, self.target, self.abi = project, model, target, abi
         self.where = {"model": model.name, "target": f"{target.name}/{abi.name}", "stage": STAGE}
-        if compiler_of(abi) != "iree":
-            raise PipelineError(f"bisect builds IREE artifacts; {abi.name} is a {compiler_of(abi)} ABI",
+        if not IREE.builds(abi):
+            raise PipelineError(f"bisect builds IREE artifacts; {abi.name} is a {abi.compiler} ABI",
                                 hint="pick an IREE ABI of the target", **self.where)
         layout = project.layout
         static = static_model(layout, model)
@@ -272,9 +273,10 @@ def command(project, model_name: str | None, target_name: str | None, abi_name: 
         raise PipelineError(f"no model {model_name!r}; models: "
                             f"{', '.join(m.name for m in project.models)}", stage=STAGE)
     target = next((t for t in project.targets if t.name == target_name), None)
-    abi = next((a for a in target.abis if a.name == abi_name), None) if target else None
+    abis = [a for a in target.abis if IREE.builds(a)] if target else []
+    abi = next((a for a in abis if a.name == abi_name), None)
     if abi is None:
-        known = ", ".join(a.name for a in target.abis) if target else ""
+        known = ", ".join(a.name for a in abis)
         raise PipelineError(f"target {target_name!r} has no ABI {abi_name!r}" +
                             (f"; its ABIs: {known}" if known else ""), stage=STAGE)
     folder = project.layout.bisect_report(target.name, model.name, abi.name)

@@ -4,6 +4,7 @@
             └────────────────^                  └─> [tvm_tune ─>] tvm_compile ─> validate ─┘   (per target)
     precision variants: static ─> quantize ─> accuracy (the gate) ─> golden ─> iree_compile ─> validate ─> manifest
     shape variants are models of their own that share their model's import.
+    runtime (per architecture): the C runtime that loads the artifacts on the board; `doit release` needs it.
 
 Every stage module (pipeline/stages/<module>.py) has the same small interface:
     steps(project) -> list[Step]   the steps of that stage for the loaded models and targets
@@ -11,14 +12,19 @@ Every stage module (pipeline/stages/<module>.py) has the same small interface:
     VERSION, OUTPUTS               part of the step key; the files it writes
 A stage marked `after_coverage` reads the coverage step's verdicts to decide which ABIs a model
 is built for: dodo.py creates its tasks once the `coverage` tasks have run.
+
+BACKENDS (pipeline/compilers/backends.py, shown here beside the stages) are the compilers a
+target's ABIs name: each makes its artifacts in its own stages (`compile_stage`, `tune_stage`),
+which are rows of STAGES; the stages they share (validate, choose, manifest) ask the backend.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
 
+from ..compilers.backends import BACKENDS  # noqa: F401 (the table of backends, beside STAGES)
 from ..stages import (accuracy, choose, coverage, golden, import_model, iree_compile, manifest,
-                      quantize, static, tvm_compile, tvm_tune, validate)
+                      quantize, runtime, static, tvm_compile, tvm_tune, validate)
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,8 @@ class Stage:
     module: ModuleType       # steps(project), run(ctx), VERSION, OUTPUTS
     doc: str                 # one line, shown by `doit list`
     after_coverage: bool = False
+    in_build: bool = True    # part of `doit build` (and of the no-op snapshot); else only of the
+                             # commands that need it (`runtime`: `doit release`)
 
 
 STAGES = (
@@ -42,5 +50,7 @@ STAGES = (
     Stage("validate", validate, "run each artifact (natively or under qemu-user) and compare with golden", True),
     Stage("choose", choose, "which compiler's artifact ships per slot of the target", True),
     Stage("manifest", manifest, "write artifacts/<target>/manifest.json listing each artifact with its sha256", True),
+    Stage("runtime", runtime, "cross-build the board-side C runtime (runtime/) per architecture the targets ship",
+          in_build=False),
 )
 BY_NAME = {s.name: s for s in STAGES}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import distribution_version
@@ -43,8 +44,10 @@ def builder_versions() -> dict:
 
 
 # ----------------------------------------------------------------------------- CycloneDX
-def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch: int) -> str:
-    """release: {target, version}; models: ModelSpecs; artifacts: {model, abi, path, sha256}."""
+def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch: int,
+         runtime: list[dict] = ()) -> str:
+    """release: {target, version}; models: ModelSpecs; artifacts: {model, abi, path, sha256};
+    runtime: the C runtime's libraries and programs {path, sha256, arch} (release.runtime_bundle)."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.component import Component, ComponentType
@@ -81,15 +84,33 @@ def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch:
             hashes=sha(art["sha256"]),
             properties=[Property(name="modelyard:abi", value=art["abi"]),
                         Property(name="modelyard:model", value=art["model"])])))
-    content = json.dumps(sorted((a["path"], a["sha256"]) for a in artifacts) + sorted(tools.items()))
+    sources = json.loads((Path(__file__).resolve().parents[2] / "third_party" / "sources.json").read_text())
+    vendored = [Component(type=ComponentType.LIBRARY, name=a["name"], version=a["version"],
+                          bom_ref=f"source:{a['name']}",
+                          purl=PackageURL(type="github", namespace=a["repo"].split("/")[0],
+                                          name=a["repo"].split("/")[1], version=a["commit"]),
+                          properties=[Property(name="modelyard:commit", value=a["commit"]),
+                                      Property(name="modelyard:license", value=a["spdx"])])
+                for a in sources["archives"]] if runtime else []
+    for lib in runtime:
+        files.append(({"path": lib["path"], "model": None}, Component(
+            type=ComponentType.LIBRARY if ".so" in lib["path"] else ComponentType.APPLICATION,
+            name=lib["path"], bom_ref=f"file:{lib['path']}", hashes=sha(lib["sha256"]),
+            version=release["version"] if "modelyard" in lib["path"] else None,
+            properties=[Property(name="modelyard:arch", value=lib["arch"])])))
+    content = json.dumps(sorted((a["path"], a["sha256"]) for a in [*artifacts, *runtime])
+                         + sorted(tools.items()))
     bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL,
                                        f"urn:modelyard:{name}:{release['version']}:{content}"),
               metadata=BomMetaData(component=root,
                                    timestamp=datetime.fromtimestamp(epoch, tz=timezone.utc)))
-    for component in [*components.values(), *toolchain.values(), *(c for _, c in files)]:
+    for component in [*components.values(), *toolchain.values(), *vendored, *(c for _, c in files)]:
         bom.components.add(component)
     bom.register_dependency(root, [c for _, c in files])
     for art, component in files:
+        if art["model"] is None:  # the C runtime: built from the vendored sources
+            bom.register_dependency(component, vendored)
+            continue
         made_by = "apache-tvm" if art["path"].endswith(".so") else "iree-base-compiler"
         compiler = [toolchain[made_by]] if made_by in toolchain else []
         bom.register_dependency(component, [components[art["model"]], *compiler])

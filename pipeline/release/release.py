@@ -78,8 +78,10 @@ def source_date_epoch(**where) -> int:
     return int(raw)
 
 
-def run(project, target: str | None, version: str | None, key: str | None) -> str:
-    """Build (or confirm) artifacts/releases/<target>/<version>/; returns a summary."""
+def run(project, target: str | None, version: str | None, key: str | None,
+        with_runtime: bool = True) -> str:
+    """Build (or confirm) artifacts/releases/<target>/<version>/; returns a summary.
+    with_runtime: ship the C runtime (stage `runtime`) and the golden test vectors (runtime=0: not)."""
     where = {"stage": "release", "target": target}
     if not target:
         raise PipelineError("a release is for one target: say target=NAME", stage="release",
@@ -94,6 +96,9 @@ def run(project, target: str | None, version: str | None, key: str | None) -> st
                             hint=f"run `doit build target={target}` first (it failed, or never ran)")
     build = json.loads(build_path.read_text())
     ship, doc, waivers = plan(project, spec, build, **where)
+    runtime_files = runtime_bundle(project, spec, doc, ship, **where) if with_runtime else []
+    if not with_runtime:
+        doc["runtime"] = {"status": "not included (doit release runtime=0)"}
     # a precision variant's artifacts belong to its model's SBOM component
     artifacts = [{"model": entry.get("variant_of", m), "abi": a, "path": art["file"],
                   "sha256": art["sha256"]}
@@ -102,7 +107,7 @@ def run(project, target: str | None, version: str | None, key: str | None) -> st
     tools = _tools(project.layout, build, **where)
     written = {"release.json": pretty_json(doc).encode(), "build-manifest.json": build_path.read_bytes(),
                "sbom.cdx.json": provenance.sbom({"target": target, "version": version}, models,
-                                                artifacts, tools, epoch).encode()}
+                                                artifacts, tools, epoch, runtime_files).encode()}
     head = {"schema": MANIFEST_SCHEMA, "target": target, "version": version,
             "archive_root": f"modelyard-{target}-{version}", "source_date_epoch": epoch,
             "waivers": waivers}
@@ -136,6 +141,7 @@ def run(project, target: str | None, version: str | None, key: str | None) -> st
         os.rename(scratch, final)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(project.layout.scratch("release", f"runtime-{target}"), ignore_errors=True)
     waived = ", ".join(f"{w['model']}/{w['abi']} ({w['status']})" for w in waivers) or "none"
     return (f"released {target} {version} -> {final}\n"
             f"  archive {archive.name}: sha256 {archive_sha} ({archive_size} bytes)\n"
@@ -143,11 +149,69 @@ def run(project, target: str | None, version: str | None, key: str | None) -> st
             f"{signing.key_id(private_key.public_key())[:16]}; waivers: {waived}")
 
 
+def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list[dict]:
+    """The C runtime of each architecture the target ships (stage `runtime`): runtime/<arch>/lib,
+    bin, runtime/include, runtime/licenses; and each model's golden test vectors under
+    tests/<model>/ (what `modelyard-run --check` compares with). Adds to `ship` and release.json;
+    returns the SBOM's runtime components."""
+    from ..stages import runtime
+    components, doc["runtime"] = [], {}
+    scratch = project.layout.scratch("release", f"runtime-{target_spec.name}")  # removed by run()
+    shutil.rmtree(scratch, ignore_errors=True)
+    for arch in sorted({a.arch for a in target_spec.abis if a.arch}):
+        folder = project.layout.runtime(arch)
+        if not (folder / RECORD).is_file():
+            raise PipelineError(f"no C runtime built for {arch} at {folder}", **where,
+                                hint=f"run `doit runtime` (doit release runs it), or release with runtime=0")
+        built = json.loads((folder / "runtime.json").read_text())
+        names = runtime.unpack_runtime(folder / "runtime.tar", scratch / arch)
+        for name in names:
+            dest = f"runtime/include/{name.split('/', 1)[1]}" if name.startswith("include/") \
+                else f"runtime/{arch}/{name}"
+            if dest in ship and name.startswith("include/"):
+                continue  # one header for every architecture
+            ship[dest] = (scratch / arch / name, built["files"][name]["sha256"])
+            if (name.startswith("lib/lib") and ".so" in name) or name.startswith("bin/"):
+                components.append({"path": dest, "sha256": built["files"][name]["sha256"], "arch": arch})
+        doc["runtime"][arch] = {"lib": f"runtime/{arch}/lib", "bin": f"runtime/{arch}/bin/modelyard-run",
+                                "include": "runtime/include", "iree": built["iree"],
+                                "tvm_runtime": built["tvm_runtime"], "third_party": built["third_party"]}
+        doc["runtime"]["third_party"] = built["third_party"]
+    for lic in sorted((runtime.THIRD_PARTY / "licenses").iterdir()):
+        ship[f"runtime/licenses/{lic.name}"] = (lic, None)
+    tvm_license = _tvm_license()
+    if tvm_license is not None:
+        ship["runtime/licenses/apache-tvm-LICENSE"] = (tvm_license, None)
+    for name, entry in doc["models"].items():
+        golden = project.layout.model_stage(name, "golden")
+        if not (golden / "golden.json").is_file():
+            continue
+        vectors = json.loads((golden / "golden.json").read_text())
+        entry["test_vectors"] = {}
+        for kind in ("inputs", "outputs"):
+            entry["test_vectors"][kind] = [f"tests/{name}/{t['file']}" for t in vectors[kind]]
+            for t in vectors[kind]:
+                ship[f"tests/{name}/{t['file']}"] = (golden / t["file"], None)
+    return components
+
+
+def _tvm_license() -> Path | None:
+    import importlib.metadata
+    try:
+        dist = importlib.metadata.distribution("apache-tvm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [f for f in dist.files or () if f.name.startswith("LICENSE")]
+    return Path(dist.locate_file(found[0])) if found else None
+
+
 def _stage(scratch: Path, ship: dict, written: dict, head: dict, private_key, **where) -> dict:
     """Copy the shipped files (checking each artifact is the validated one), write the generated
     ones, then the manifest listing them all and its signature; returns the manifest."""
     for name, (source, expected) in sorted(ship.items()):
         sha, _ = _copy(source, scratch / name)
+        if name.startswith("runtime/") and "/bin/" in name:
+            (scratch / name).chmod(0o755)  # modelyard-run (0755 in the archive too)
         if expected and sha != expected:
             raise PipelineError(f"{source} changed after it was validated: sha256 {sha}, the "
                                 f"build manifest says {expected}", **where,
@@ -314,8 +378,9 @@ def write_archive(folder: Path, names: list[str], root: str, epoch: int, out: Pa
         for name in sorted(names):
             info = tarfile.TarInfo(f"{root}/{name}")
             info.size = (folder / name).stat().st_size
+            executable = name.startswith("runtime/") and "/bin/" in name  # modelyard-run
             info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = \
-                epoch, 0o644, 0, 0, "", ""
+                epoch, 0o755 if executable else 0o644, 0, 0, "", ""
             with open(folder / name, "rb") as f:
                 tar.addfile(info, f)
 

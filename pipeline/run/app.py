@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import vulkan
+from . import tvm_run, vulkan
 from ..core.errors import PipelineError
 from ..core.layout import Layout
 
@@ -178,7 +178,7 @@ class Runner:
         if abi["arch"] == "aarch64" and allow_emulation:
             from ..core.tools import aarch64_runtime, aarch64_tvm
             import shutil
-            tvm = art.get("format") == "tvm-so"
+            tvm = art.get("format") == tvm_run.FORMAT
             if shutil.which("qemu-aarch64-static") and (
                     aarch64_tvm(required=False) if tvm else aarch64_runtime(required=False)):
                 return None
@@ -193,7 +193,7 @@ class Runner:
             dev = cls._vk_devices(driver, cache)[0][0]
             return Choice(abi, path, backend, dev.describe(), False, considered)
         emulated = art["abi"]["arch"] != platform.machine()
-        runtime = "TVM runtime" if art.get("format") == "tvm-so" else "IREE local-task"
+        runtime = "TVM runtime" if art.get("format") == tvm_run.FORMAT else "IREE local-task"
         device = ("qemu-aarch64-static (emulated aarch64)" if emulated
                   else f"{platform.machine()} CPU ({runtime})")
         return Choice(abi, path, backend, device, emulated, considered)
@@ -207,7 +207,7 @@ class Runner:
         if sha256_file(choice.path) != art["sha256"]:
             raise PipelineError(f"{choice.path} does not match its manifest sha256",
                                 stage=STAGE, hint="rebuild, or restore the released file", **where)
-        if art.get("format") == "tvm-so":
+        if art.get("format") == tvm_run.FORMAT:
             return cls._load_tvm(choice, entry, n_outputs, where)
         if choice.emulated:
             from ..core.tools import aarch64_runtime, qemu_argv

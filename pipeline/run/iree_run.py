@@ -12,6 +12,9 @@ import argparse
 import sys
 
 
+FORMAT = "iree-vmfb"   # what this runtime loads: the manifest's `format` of IREE's artifacts
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.run.iree_run")
     parser.add_argument("--module", required=True)

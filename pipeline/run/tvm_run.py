@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 RUNNER = Path(__file__).resolve()  # run as a script by the validate stage (natively or under qemu)
+FORMAT = "tvm-so"                  # what this runtime loads: the manifest's `format` of TVM's artifacts
 
 KDL_CPU = 1
 POOLED_ALLOCATOR = 2

@@ -16,7 +16,7 @@ from ..core.store import sha256_file
 from .common import CLOSED, NAME_RE, Doc, Says, check_via, display, given, read_yaml, validate
 from .ship import SlotDoc
 from .ship import parse_target as parse_ship
-from .tvm import TvmAbiDoc
+from .tvm import TvmAbi, TvmAbiDoc
 from .tvm import parse_abi as parse_tvm_abi
 
 TARGETS_DIR = Path(__file__).resolve().parents[1] / "targets"
@@ -76,20 +76,15 @@ class AbiSpec:
 class TargetSpec:
     name: str
     description: str
-    abis: tuple[AbiSpec, ...]
+    abis: tuple                 # every ABI, as listed: AbiSpec (IREE), TvmAbi...; `compiler` names its backend
     fallback: tuple[str, ...]   # the order an app tries the ABIs in
     path: Path
     sha256: str
-    tvm_abis: tuple = ()        # tvm_compile.TvmAbi: `compiler: tvm` ABIs (abis holds IREE's)
     ship: tuple = ()            # choice.parse_target(): slots of ABIs, one of which ships
-
-    @property
-    def all_abis(self) -> tuple:
-        return self.abis + self.tvm_abis
 
 
 _ARCHES = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
-BACKENDS = ("llvm-cpu", "vulkan-spirv")
+IREE_BACKENDS = ("llvm-cpu", "vulkan-spirv")   # IREE's HAL backends (an ABI's `backend`)
 DEFAULT_CONFIG = "default"   # the config that adds no flag to the ABI's own: always a candidate
 
 
@@ -255,9 +250,8 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> TargetSpec:
         ship = parse_ship(doc.ship, names, native, where, problems)
     if problems:
         raise SpecError(list(problems))
-    return TargetSpec(name, doc.description, tuple(a for a in abis if a.compiler == "iree"),
-                      tuple(fallback), path, sha256_file(path),
-                      tvm_abis=tuple(a for a in abis if a.compiler == "tvm"), ship=ship)
+    return TargetSpec(name, doc.description, tuple(abis), tuple(fallback), path, sha256_file(path),
+                      ship=ship)
 
 
 def _abi(name: str, doc, where: str, problems: list):
@@ -447,7 +441,7 @@ def load_pins(models, targets, problems: list, warnings: list) -> tuple[dict, di
     for target in targets:
         for model in models:
             own = entry(model, target.name)
-            for abi in target.abis:
+            for abi in [a for a in target.abis if isinstance(a, AbiSpec)]:
                 source, name = (abi.configs_from.split("/") if abi.configs_from
                                 else (target.name, abi.name))
                 pinned = entry(model, source) if source != target.name else own
@@ -482,7 +476,7 @@ def load_pins(models, targets, problems: list, warnings: list) -> tuple[dict, di
                         "rewrites": list(config["rewrites"]), "pin": source}
             if own is None:
                 continue
-            for abi in target.tvm_abis:
+            for abi in [a for a in target.abis if isinstance(a, TvmAbi)]:
                 chosen = (own.abis or {}).get(abi.name)
                 if chosen is not None and chosen.config not in (None, DEFAULT_CONFIG):
                     problems.append(f"{display(pin_path(model.dir, target.name))}: models."

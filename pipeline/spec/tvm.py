@@ -57,6 +57,8 @@ class TvmAbi:
     compiler: str = "tvm"
     backend: str = "llvm"           # TVM's target kind
     flags: tuple = ()
+    configs: tuple = ()             # a TVM ABI has no `configs:` (doit search builds it as is)
+    configs_from: str | None = None
 
     def target_dict(self) -> dict:
         target = {"kind": "llvm", "mtriple": self.triple, "mcpu": self.cpu,

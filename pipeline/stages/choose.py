@@ -37,12 +37,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers.backends import BY_FORMAT, backend_of
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import python_module_argv, run_tool
 from ..spec.ship import POLICIES
 from .coverage import ops_text
-from .plan import compiler_of, golden_files, skipped, unsupported, where
+from .plan import golden_files, skipped, unsupported, where
 
 VERSION = 1
 OUTPUTS = ("choice.json",)
@@ -187,29 +188,30 @@ def steps(project) -> list:
 
 
 def _artifact_files(layout, target_name: str, model, abi) -> dict:
-    stage = "tvm_compile" if compiler_of(abi) == "tvm" else "iree_compile"
-    base = layout.artifact_stage(target_name, model.name, abi.name, stage)
-    return {"artifact": base / ("model.so" if stage == "tvm_compile" else "model.vmfb"),
+    backend = backend_of(abi)
+    base = layout.artifact_stage(target_name, model.name, abi.name, backend.compile_stage)
+    return {"artifact": base / backend.artifact,
             "validation": layout.artifact_stage(target_name, model.name, abi.name, "validate")
-            / "validation.json", "format": "tvm-so" if stage == "tvm_compile" else "iree-vmfb"}
+            / "validation.json", "format": backend.format}
 
 
 def choose_step(project, model, target) -> Step:
     layout = project.layout
-    by_name = {a.name: a for a in target.all_abis}
+    by_name = {a.name: a for a in target.abis}
     skip = skipped(project, model, target)
     targets = {t.name: t for t in (*project.targets, *project.proxies)}
     inputs, slots = {}, []
     for slot in target.ship:
         candidates, skipped_abis = [], {}
         for name in slot["abis"]:
-            c = compiler_of(by_name[name])
+            backend = backend_of(by_name[name])
             if model.skip_reason(name):
                 skipped_abis[name] = f"skipped by the model's spec: {model.skip_reason(name)}"
                 continue
-            if c in skip:
-                skipped_abis[name] = (f"{c.upper()} cannot take "
-                                      f"{ops_text(unsupported(project, model, target, c))} (op coverage)")
+            if backend in skip:
+                skipped_abis[name] = (f"{backend.title} cannot take "
+                                      f"{ops_text(unsupported(project, model, target, backend))} "
+                                      f"(op coverage)")
                 continue
             candidates.append(name)
             inputs[f"validation:{name}"] = _artifact_files(layout, target.name, model,
@@ -219,7 +221,7 @@ def choose_step(project, model, target) -> Step:
             for name in candidates:
                 ref = slot["proxies"].get(name, f"{target.name}/{name}")
                 t_name, a_name = ref.split("/")
-                proxy_abi = next(a for a in targets[t_name].all_abis if a.name == a_name)
+                proxy_abi = next(a for a in targets[t_name].abis if a.name == a_name)
                 files = _artifact_files(layout, t_name, model, proxy_abi)
                 inputs[f"proxy:{name}"] = files["artifact"]
                 inputs[f"proxy-validation:{name}"] = files["validation"]
@@ -247,18 +249,19 @@ def choose_step(project, model, target) -> Step:
 
 # ----------------------------------------------------------------------------- the child
 LABELS = ("abi", "proxy", "config")  # what a timed item of a plan is called in the result
+ONNX = "onnx"         # the format of onnxruntime's baseline in a plan
+CPU = "local-task"    # the device an artifact is timed on when its plan item names none
 
 
 def _runner(art: dict, threads: int):
-    """A callable timing one run: an IREE .vmfb, a TVM .so, or onnxruntime on an .onnx model
-    (format onnx, with its input names: the baseline `doit search` times the others against)."""
-    from ..run.timing import IreeCpuRunner, OnnxruntimeCpuRunner, TvmCpuRunner
-    if art["format"] == "tvm-so":
-        return TvmCpuRunner(Path(art["path"]), art["entry"], "cpu", threads)
-    if art["format"] == "onnx":
+    """A callable timing one run: an artifact (its backend's timer, on the device it names, by
+    default its CPU), or onnxruntime on an .onnx model (format onnx, with its input names: the
+    baseline `doit search` times the others against)."""
+    if art["format"] == ONNX:
+        from ..run.timing import OnnxruntimeCpuRunner
         return OnnxruntimeCpuRunner(Path(art["path"]), art["input_names"], threads)
-    runner = IreeCpuRunner(Path(art["path"]), art["entry"], art.get("device", "local-task"), threads)
-    return lambda inputs: runner(inputs)
+    return BY_FORMAT[art["format"]].timer(Path(art["path"]), art["entry"],
+                                          art.get("device", CPU), threads)
 
 
 def measure(plan: dict, on_round=None) -> dict:

@@ -39,6 +39,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..compilers.iree_backend import IREE
+from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
 from ..core.layout import REPO
 from ..core.numerics import worst_cosine
@@ -49,8 +51,8 @@ from ..spec.common import display, read_yaml
 from ..spec.target import DEFAULT_CONFIG, PIN_FORMAT, known_targets, load_target, pin_path
 from . import tvm_compile, tvm_tune
 from .iree_compile import compile_step
-from .plan import budget, built, golden_files, static_model, tvm_abis
-from .validate import tvm_validate_step, validate_step
+from .plan import budget, built, built_abis, golden_files, static_model
+from .validate import validate_step
 
 STAGE = "search"
 WINDOW = {"warmup": 3, "rounds": 100, "seconds": 60.0}  # per model: every candidate, interleaved
@@ -130,7 +132,8 @@ def _models(project, target, name: str | None) -> list:
 # ----------------------------------------------------------------------------- one model
 def timed_here(target) -> list:
     """The target's IREE CPU ABIs whose artifacts run (and are timed) on this machine."""
-    return [a for a in target.abis if a.backend == "llvm-cpu" and a.run["via"] == "python"]
+    return [a for a in target.abis
+            if IREE.builds(a) and a.backend == "llvm-cpu" and a.run["via"] == "python"]
 
 
 def candidates(abi) -> list[dict]:
@@ -147,11 +150,11 @@ def candidate_steps(layout, model, target, abi, config: dict, pin: str | None = 
     folder = layout.artifact_stage(target.name, model.name, abi.name, STAGE) / config["name"]
     build = compile_step(layout, model, target, abi, config=pinned)
     name = f"{build.name}/{STAGE}/{config['name']}"
-    comp = dataclasses.replace(build, name=name, out_dir=folder / "iree_compile",
+    comp = dataclasses.replace(build, name=name, out_dir=folder / IREE.compile_stage,
                                doc=f"{build.doc} (doit search candidate)")
     check = validate_step(layout, model, target, abi)
     check = dataclasses.replace(check, name=name, out_dir=folder / "validate",
-                                inputs={**check.inputs, "vmfb": comp.out_dir / "model.vmfb"})
+                                inputs={**check.inputs, "artifact": comp.out_dir / IREE.artifact})
     return comp, check
 
 
@@ -185,16 +188,16 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
             record, artifact = _build_candidate(layout, model, target, abi, config, say)
             results[abi.name][config["name"]] = record
             if artifact is not None:
-                timed.append({"abi": abi.name, "config": config["name"], "format": "iree-vmfb",
+                timed.append({"abi": abi.name, "config": config["name"], "format": IREE.format,
                               "path": str(artifact), "entry": "main",
                               "device": abi.run["device"]})
     tvm_results = {}
-    for abi in [a for a in tvm_abis(project, model, target) if a.run["via"] == "python"]:
+    for abi in [a for a in built_abis(project, model, target, TVM) if a.run["via"] == "python"]:
         say(f"{PROGRESS}{where}/{abi.name}: the TVM build as `doit build` makes it")
         record, artifact = _build_tvm(project, model, target, abi, say)
         tvm_results[abi.name] = record
         if artifact is not None:
-            timed.append({"abi": abi.name, "config": DEFAULT_CONFIG, "format": "tvm-so",
+            timed.append({"abi": abi.name, "config": DEFAULT_CONFIG, "format": TVM.format,
                           "path": str(artifact), "entry": "main"})
     measured = _time(project, model, target, timed, window, say) if timed else None
     entry = _entry(target, results, tvm_results, timed, measured, window)
@@ -294,7 +297,7 @@ def _build_candidate(layout, model, target, abi, config: dict, say,
         how = execute(comp)
     except PipelineError as err:
         say(f"{PROGRESS}  compile failed: {err.what.splitlines()[0]} (log: {display(comp.log)})")
-        return {**record, "status": "failed", "stage": "iree_compile", "why": _why(err)}, None
+        return {**record, "status": "failed", "stage": IREE.compile_stage, "why": _why(err)}, None
     report = json.loads((comp.out_dir / "compile.json").read_text())
     if report.get("fallback"):
         record["fallback"] = report["fallback"]["why"]
@@ -305,7 +308,7 @@ def _build_candidate(layout, model, target, abi, config: dict, say,
             f"(log: {display(check.log)})")
         return {**record, "status": "failed", "stage": "validate", "why": _why(err)}, None
     outputs = json.loads((check.out_dir / "validation.json").read_text())["outputs"]
-    vmfb = comp.out_dir / "model.vmfb"
+    vmfb = comp.out_dir / IREE.artifact
     record.update(status="validated", sha256=sha256_file(vmfb), size=vmfb.stat().st_size,
                   max_abs=max(o["max_abs"] for o in outputs),
                   min_cosine=worst_cosine(outputs))
@@ -320,7 +323,7 @@ def _build_tvm(project, model, target, abi, say) -> tuple[dict, Path | None]:
     if budget(model, target):
         steps.append(tvm_tune.tune_step(project, model, target, abi))
     comp = tvm_compile.compile_step(project, model, target, abi)
-    steps += [comp, tvm_validate_step(project.layout, model, target, abi)]
+    steps += [comp, validate_step(project.layout, model, target, abi)]
     for step in steps:
         try:
             execute(step)

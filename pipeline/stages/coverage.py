@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers import tvm_ops
+from ..compilers.backends import BACKENDS, backend_named
+from ..compilers.iree_backend import IREE
+from ..compilers.tvm_backend import TVM
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
 from ..core.tools import distribution_version, python_module_argv, run_tool
@@ -41,7 +44,7 @@ from .plan import compilers, proxy_pairs, static_model, where
 VERSION = 2  # 2: the basis names the table and its test where they now live (pipeline/stages/, tests/e2e/)
 OUTPUTS = ("coverage.json",)
 PREDICTION_VERSION = 1
-COMPILERS = ("iree", "tvm")
+COMPILERS = tuple(b.name for b in BACKENDS)
 STANDARD_DOMAINS = ("", "ai.onnx")
 TABLE = "pipeline/stages/coverage.py"
 
@@ -59,7 +62,7 @@ class Config(StageConfig):
             yield f"format must be one of {', '.join(ROUTES)}, got {self.format!r}"
         if not set(self.compilers) <= set(COMPILERS):
             yield f"compilers must be among {', '.join(COMPILERS)}, got {', '.join(sorted(self.compilers))}"
-        if "iree" in self.compilers and self.iree_abi is None:
+        if IREE.name in self.compilers and self.iree_abi is None:
             yield "a target with IREE ABIs needs iree_abi, the flags its failures are confirmed with"
 
 
@@ -169,10 +172,10 @@ def predict_model(model, tvm_ops: set[str]) -> dict:
         if rule:
             why = rule[0](node, shapes, consts)
             if why:
-                found["iree"].append({"op": op, "node": name, "why": f"{rule[1]}: {why}",
+                found[IREE.name].append({"op": op, "node": name, "why": f"{rule[1]}: {why}",
                                       "basis": rule[2]})
         if node.op_type not in tvm_ops:
-            found["tvm"].append({"op": op, "node": name,
+            found[TVM.name].append({"op": op, "node": name,
                                  "why": "no converter in TVM's ONNX frontend",
                                  "basis": f"converter map of apache-tvm "
                                           f"{distribution_version('apache-tvm')}"})
@@ -232,8 +235,8 @@ def run(ctx) -> None:
         if problems:
             entry["checked"]["confirmed"] = _confirm(ctx, compiler, problems, where)
         else:
-            entry["checked"]["confirmed"] = (f"not needed: the {compiler}_compile step is the "
-                                             f"check, and names the ops if it fails")
+            entry["checked"]["confirmed"] = (f"not needed: the {backend_named(compiler).compile_stage} "
+                                             f"step is the check, and names the ops if it fails")
         report["compilers"][compiler] = entry
     usable = [c for c, e in report["compilers"].items() if e["status"] == "ok"]
     if not usable:
@@ -272,37 +275,54 @@ def _run_unpredicted(ctx, cfg: Config) -> None:
             "abis": abis, "status": "ok", "unsupported": [],
             "checked": {"prediction": f"made at build time on the static model (the source is "
                                       f"{fmt}, ONNX only after import): {_basis(compiler)}",
-                        "confirmed": f"not needed: the {compiler}_compile step is the check"}}
+                        "confirmed": f"not needed: the {backend_named(compiler).compile_stage} "
+                                     f"step is the check"}}
     ctx.output("coverage.json").write_text(pretty_json(report))
 
 
-def _basis(compiler: str) -> str:
-    if compiler == "iree":
-        return (f"the IREE rules in {TABLE} (each reproduced on IREE 3.13.0 by tests/"
-                f"e2e/test_coverage.py), on the static model (after its rewrites)")
+def _iree_basis() -> str:
+    return (f"the IREE rules in {TABLE} (each reproduced on IREE 3.13.0 by tests/"
+            f"e2e/test_coverage.py), on the static model (after its rewrites)")
+
+
+def _tvm_basis() -> str:
     return (f"the converter map of the installed TVM ONNX frontend (apache-tvm "
             f"{distribution_version('apache-tvm')}), on the static model (after its rewrites)")
 
 
+def _basis(compiler: str) -> str:
+    return PREDICTIONS[backend_named(compiler)][0]()
+
+
+def _iree_check(ctx, model: Path, where: dict) -> tuple:
+    """iree-import-onnx + iree-compile with the confirming ABI's flags: (result, what ran)."""
+    from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
+    mlir, out = ctx.scratch / "model.mlir", ctx.scratch / IREE.artifact
+    imported = run_tool(import_argv(model, mlir), log=ctx.log, what="iree-import-onnx",
+                        check=False, **where)
+    result = imported
+    if imported.returncode == 0:
+        result = run_tool(compile_argv(find_compiler(), ctx.cfg.iree_abi, mlir, out),
+                          log=ctx.log, what="iree-compile", check=False, timeout=3600, **where)
+    mlir.unlink(missing_ok=True)
+    out.unlink(missing_ok=True)
+    return result, "iree-import-onnx + iree-compile"
+
+
+def _tvm_check(ctx, model: Path, where: dict) -> tuple:
+    """TVM's ONNX import alone, in a child process: (result, what ran)."""
+    result = run_tool(python_module_argv("pipeline.stages.coverage", "--tvm-import", str(model)),
+                      log=ctx.log, what="TVM ONNX import", check=False, timeout=3600, **where)
+    return result, "TVM's ONNX import (relax.frontend.onnx.from_onnx)"
+
+
+# backend -> (the basis of its prediction, the real check that must fail where it predicts so)
+PREDICTIONS = {IREE: (_iree_basis, _iree_check), TVM: (_tvm_basis, _tvm_check)}
+
+
 def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:
     """Run the real compiler on the static model; it must fail as predicted."""
-    model = ctx.input("model")
-    if compiler == "iree":
-        from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
-        mlir, out = ctx.scratch / "model.mlir", ctx.scratch / "model.vmfb"
-        imported = run_tool(import_argv(model, mlir), log=ctx.log, what="iree-import-onnx",
-                            check=False, **where)
-        result = imported
-        if imported.returncode == 0:
-            result = run_tool(compile_argv(find_compiler(), ctx.cfg.iree_abi, mlir, out),
-                              log=ctx.log, what="iree-compile", check=False, timeout=3600, **where)
-        mlir.unlink(missing_ok=True)
-        out.unlink(missing_ok=True)
-        tool = "iree-import-onnx + iree-compile"
-    else:
-        result = run_tool(python_module_argv("pipeline.stages.coverage", "--tvm-import", str(model)),
-                          log=ctx.log, what="TVM ONNX import", check=False, timeout=3600, **where)
-        tool = "TVM's ONNX import (relax.frontend.onnx.from_onnx)"
+    result, tool = PREDICTIONS[backend_named(compiler)][1](ctx, ctx.input("model"), where)
     if result.returncode == 0:
         raise ctx.error(f"the op table says {compiler.upper()} cannot take "
                         f"{ops_text(problems)}, but {tool} accepted the static model: the table "
@@ -334,7 +354,8 @@ def coverage_step(project, model, target) -> Step:
     """Predicted from the static model (what the compilers get, after the static stage's
     rewrites); confirmed where it skips."""
     layout = project.layout
-    cpu = [a for a in target.abis if a.backend == "llvm-cpu"] or list(target.abis)
+    iree = [a for a in target.abis if IREE.builds(a)]
+    cpu = [a for a in iree if a.backend == "llvm-cpu"] or iree
     inputs = {"model": static_model(layout, model)}
     return Step(stage="coverage", name=f"{target.name}/{model.name}", version=VERSION,
                 config=Config(format=model.source_format,
@@ -463,7 +484,7 @@ def disk_table(project, stage_names: list[str], target) -> dict:
                 built = False
             elif state == "done" and stage == "validate":
                 shipped.append(step.where["target"].split("/", 1)[1])
-            elif state == "done" and stage == "iree_compile" and not step.name.endswith("/twin"):
+            elif state == "done" and stage == IREE.compile_stage and not step.name.endswith("/twin"):
                 fb = (_read(step.out_dir / "compile.json") or {}).get("fallback")
                 if fb:
                     fallbacks[step.where["target"].split("/", 1)[1]] = fb

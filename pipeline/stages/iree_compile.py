@@ -24,19 +24,20 @@ from pathlib import Path
 
 from ..compilers.iree_compiler import (attempts, compile_argv, compile_flags, diagnostics,
                                        find_compiler, first_error, import_argv, unsupported_ops)
+from ..compilers.iree_backend import IREE
 from ..compilers.iree_targets import requirements
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
 from ..core.tools import describe_exit, run_tool, tail
-from ..spec.target import BACKENDS
+from ..spec.target import IREE_BACKENDS
 from ..spec.variants import PRECISIONS
 from .abi_rewrites import REWRITES
 from .abi_rewrites import apply as apply_rewrites
-from .plan import (ENTRY, abi_step_name, built, compiler_of, proxy_pairs, skipped, static_model,
+from .plan import (ENTRY, abi_step_name, built_abis, proxy_abis, static_model, variant_abis,
                    variant_model, variant_skip_reason, where)
 
 VERSION = 3
-OUTPUTS = ("model.vmfb", "compile.json")
+OUTPUTS = (IREE.artifact, "compile.json")
 _CPU_FIELDS = ("arch", "triple", "cpu", "cpu_features")
 _VULKAN_FIELDS = ("vulkan_target", "vulkan_features")
 
@@ -60,10 +61,10 @@ class Config(StageConfig):
     config: dict | None = None           # the pinned config (docs/configs.md): {name, flags, rewrites, pin}
 
     def problems(self):
-        if self.compiler != "iree":
-            yield f"compiler must be iree, got {self.compiler!r}"
-        if self.backend not in BACKENDS:
-            yield f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+        if self.compiler != IREE.name:
+            yield f"compiler must be {IREE.name}, got {self.compiler!r}"
+        if self.backend not in IREE_BACKENDS:
+            yield f"backend must be one of {', '.join(IREE_BACKENDS)}, got {self.backend!r}"
         elif self.backend == "llvm-cpu" and (None in (self.arch, self.triple, self.cpu, self.cpu_features)
                                               or self.vulkan_target or self.vulkan_features):
             yield "an llvm-cpu ABI gives arch, triple, cpu and cpu_features, and no vulkan_target or vulkan_features"
@@ -121,7 +122,7 @@ def run(ctx) -> None:
     run_tool(import_argv(source, mlir), log=ctx.log, what="iree-import-onnx", **where)
     if applied:
         source.unlink()
-    vmfb = ctx.output("model.vmfb")
+    vmfb = ctx.output(IREE.artifact)
     # Run in the scratch folder on a relative "model.mlir": some SPIR-V targets (llvmpipe) keep
     # the source file name in the artifact, which must not depend on where the build happens.
     tried, used = [], None
@@ -146,7 +147,7 @@ def run(ctx) -> None:
     if used is None:
         mlir.unlink(missing_ok=True)
         raise _failed(ctx, cfg, result, tried)
-    report = {"compiler": "iree", "flags": compile_flags(config), "entry": cfg.entry,
+    report = {"compiler": IREE.name, "flags": compile_flags(config), "entry": cfg.entry,
               "size": vmfb.stat().st_size}
     if cfg.config is not None:  # the pinned config (its flags are in `flags`, after the ABI's own)
         report["config"] = {**cfg.config, "flags_used": all(f in used["flags"]
@@ -219,7 +220,7 @@ def steps(project) -> list:
     layout, out = project.layout, []
     for model in project.models:
         for target in project.targets:
-            for abi in [a for a in target.abis if built(project, model, target, a)]:
+            for abi in built_abis(project, model, target, IREE):
                 pinned = project.configs.get((target.name, model.name, abi.name))
                 out.append(compile_step(layout, model, target, abi, config=pinned))
                 if abi.run["via"] == "twin":
@@ -227,10 +228,9 @@ def steps(project) -> list:
         for v in model.variants:
             out += variant_steps(layout, model, v, project.targets)
     for model in project.models:
-        for target, abi in proxy_pairs(project):
-            if compiler_of(abi) == "iree" and "iree" not in skipped(project, model, target):
-                out.append(compile_step(layout, model, target, abi,
-                                        config=project.configs.get((target.name, model.name, abi.name))))
+        for target, abi in proxy_abis(project, model, IREE):
+            out.append(compile_step(layout, model, target, abi,
+                                    config=project.configs.get((target.name, model.name, abi.name))))
     return out
 
 
@@ -244,11 +244,11 @@ def compile_step(layout, model, target, abi, twin: bool = False, config: dict | 
         doc = f"IREE {abi.backend} for {abi.triple} ({abi.cpu})"
     if config is not None:
         doc += f", config {config['name']} (pinned by doit search target={config['pin']})"
-    return Step(stage="iree_compile", name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
+    return Step(stage=IREE.compile_stage, name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
                 version=VERSION, config=Config(**abi_config, entry=ENTRY, config=config),
                 inputs={"model": static_model(layout, model)}, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
-                                              "twin_compile" if twin else "iree_compile"),
+                                              "twin_compile" if twin else IREE.compile_stage),
                 tools=("iree-base-compiler", "onnx"), action=run, layout=layout,
                 doc=doc, where=where(model, target, abi),
                 after=(f"coverage:{target.name}/{model.name}",))
@@ -259,7 +259,7 @@ def variant_steps(layout, model, v, targets) -> list:
     out = []
     vm = variant_model(model, v)
     for target in targets:
-        for abi in target.abis:
+        for abi in variant_abis(target):
             if variant_skip_reason(model, v, abi, layout.cache):
                 continue
             for twin in ((False, True) if abi.run["via"] == "twin" else (False,)):

@@ -10,8 +10,9 @@ A precision variant that passed its gate is an entry of its own, `<model>.<varia
 variant_of, precision, quantization, accuracy and per artifact precision and validation.vs_fp32
 (pipeline/spec/variants.py: manifest_fields).
 
-Besides IREE's `.vmfb` entries, a model's `artifacts` holds its TVM builds (`format: tvm-so`,
-`abi.compiler: tvm`, the same `validation` shape, plus `tuning` when a database was applied);
+A model's `artifacts` holds every backend's builds (IREE's `.vmfb`, TVM's `.so`: `format` and
+`abi.compiler` say which; `compile` and `requires` are the backend's, the `validation` shape is
+the same, and a backend that tunes adds `tuning`: the database applied, or null);
 `coverage` says per compiler whether it could take the model (and which ops it could not, how
 that was checked); `skipped` maps each ABI left out to why (the spec's `skip:` reason, or op
 coverage); `choice` says, per slot of the target, which artifact ships, by which policy and why,
@@ -23,12 +24,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers.backends import backend_named, backend_of
 from ..core.numerics import worst_cosine
 from ..core.steps import RECORD, StageConfig, Step, key_value
 from ..core.store import pretty_json, sha256_file
 from ..spec.sources import GOLDEN, ROUTES
 from ..spec.variants import PRECISIONS, full_name
-from .plan import budget, built, coverage_file, static_model, tvm_abis, variant_skip_reason
+from .plan import budget, built, coverage_file, static_model, variant_abis, variant_skip_reason
 
 VERSION = 2  # 2: TVM artifacts, coverage, skipped, choice
 OUTPUTS = ("manifest.json",)
@@ -42,12 +44,11 @@ class TargetEntry(StageConfig):
     description: str
     definition_sha256: str          # of the target's YAML
     fallback: tuple[str, ...]       # the order an app tries the ABIs in
-    abis: tuple[dict, ...]          # IREE ABIs: name, compile config, run
-    tvm_abis: tuple[dict, ...]      # TVM ABIs: the same
+    abis: tuple[dict, ...]          # every ABI: name, compile config (its `compiler`: the backend), run
     ship: tuple[dict, ...]          # the slots (choose.py)
 
     def problems(self):
-        names = [a["name"] for a in self.abis + self.tvm_abis]
+        names = [a["name"] for a in self.abis]
         if len(set(names)) != len(names):
             yield f"ABI names must be unique within the target, got {', '.join(names)}"
 
@@ -60,8 +61,7 @@ class ModelEntry(StageConfig):
     source: dict                    # file, sha256 (and format, route, golden for converted sources)
     licenses: tuple[str, ...]       # the license files' names
     skipped: dict                   # ABI -> why the spec leaves it out
-    tvm_abis: tuple[str, ...]       # the TVM ABIs it is built for
-    abis: tuple[str, ...] | None = None     # the IREE ABIs it is built for (None: a variant's skips say)
+    abis: tuple[str, ...] | None = None     # the ABIs it is built for (None: a variant's skips say)
     shape_of: str | None = None     # a shape variant: its model ...
     shape: str | None = None        # ... and its shape's name
     shapes: tuple[str, ...] = ()    # a model with shape variants: their names
@@ -73,14 +73,13 @@ class ModelEntry(StageConfig):
             yield f"{self.name}: shape_of and shape go together (a shape variant gives both)"
         if (self.variant_of is None) != (self.precision is None):
             yield f"{self.name}: variant_of and precision go together (a precision variant gives both)"
-        elif self.precision is not None and (self.precision not in PRECISIONS or self.abis is not None
-                                             or self.tvm_abis):
-            yield f"{self.name}: a precision variant is int8 or fp16, IREE only, and its skips say its ABIs"
+        elif self.precision is not None and (self.precision not in PRECISIONS or self.abis is not None):
+            yield (f"{self.name}: a precision variant is int8 or fp16, of the backends that build "
+                   f"variants, and its skips say its ABIs")
 
     def as_key(self) -> dict:
         key = {"name": self.name, "description": self.description, "source": key_value(self.source),
-               "licenses": list(self.licenses), "skipped": key_value(self.skipped),
-               "tvm_abis": list(self.tvm_abis)}
+               "licenses": list(self.licenses), "skipped": key_value(self.skipped)}
         if self.abis is not None:
             key["abis"] = list(self.abis)
         if self.shape_of is not None:
@@ -122,35 +121,9 @@ def run(ctx) -> None:
         golden = _json(ctx, f"{name}:golden.json")
         artifacts = {}
         for abi in cfg.target.abis:
-            if abi["name"] in model.skipped or (model.abis is not None and abi["name"] not in model.abis):
+            if abi["name"] in model.skipped or abi["name"] not in _built(model, abi):
                 continue
-            prefix = f"{name}:{abi['name']}"
-            vmfb = ctx.input(f"{prefix}:model.vmfb")
-            compile_step = _json(ctx, f"{prefix}:compile.step")
-            compile_report = _json(ctx, f"{prefix}:compile.json")
-            validation = _json(ctx, f"{prefix}:validation.json")
-            validate_step = _json(ctx, f"{prefix}:validate.step")
-            artifacts[abi["name"]] = {
-                "path": layout.relative(vmfb),
-                "sha256": sha256_file(vmfb),
-                "size": vmfb.stat().st_size,
-                "format": "iree-vmfb",
-                "entry": compile_report["entry"],
-                "abi": abi,
-                "compile": {"step_key": compile_step["key"], "flags": compile_report["flags"],
-                            "tools": compile_step["key_parts"]["tools"],
-                            # the pinned config (doit search, docs/configs.md): name, flags, pin
-                            **{k: compile_report[k] for k in ("workarounds", "config")
-                               if k in compile_report}},
-                "requires": compile_report.get("requires", {}),
-                "validation": {"status": validation["status"], "executed": validation["executed"],
-                               "shipped_bytes_executed": validation["shipped_bytes_executed"],
-                               **({"twin": validation["twin"]} if "twin" in validation else {}),
-                               "tolerance": validation["tolerance"],
-                               "outputs": validation["outputs"],
-                               "step_key": validate_step["key"],
-                               "tools": validate_step["key_parts"]["tools"]},
-            }
+            artifacts[abi["name"]] = _artifact(ctx, f"{name}:{abi['name']}", abi)
         models[name] = {
             "description": model.description,
             "source": model.source,
@@ -172,11 +145,9 @@ def run(ctx) -> None:
             models[name]["rewrites"] = imported.get("rewrites", [])
             models[name]["source"] = {**model.source, "route": imported["route"],
                                       "attempts": imported["attempts"]}
-        if model.variant_of:  # a precision variant (pipeline/spec/variants.py): IREE only
+        if model.variant_of:  # a precision variant (pipeline/spec/variants.py)
             _variant_fields(ctx, model, models[name])
             continue
-        for abi in [a for a in cfg.target.tvm_abis if a["name"] in model.tvm_abis]:
-            artifacts[abi["name"]] = _tvm_artifact(ctx, f"{name}:{abi['name']}", abi)
         report = _json(ctx, f"{name}:coverage.json")
         models[name]["coverage"] = report["compilers"]  # per compiler: status, unsupported ops, basis
         models[name]["skipped"] = dict(sorted({
@@ -198,47 +169,50 @@ def run(ctx) -> None:
 
 def _coverage_table(ctx, models: dict) -> dict:
     """The target's coverage table (pipeline/stages/coverage.py, also `doit coverage`): per model,
-    the ABIs that shipped and the fallback flags an IREE build needed, the compilers coverage
+    the ABIs that shipped and the fallback flags a build needed (IREE's), the compilers coverage
     skipped and why, the rewrites import and static applied."""
     from .coverage import manifest_table, rewrites_of
     compiled, rewrites = {}, {}
     for name, entry in models.items():
-        compiled[name] = {abi: _json(ctx, f"{name}:{abi}:compile.json")
-                          for abi, art in entry["artifacts"].items() if art["format"] == "iree-vmfb"}
+        compiled[name] = {abi: _json(ctx, f"{name}:{abi}:compile.json") for abi in entry["artifacts"]}
         rewrites[name] = rewrites_of(*[(stage, _json(ctx, f"{name}:{stage}.json"))
                                        for stage in ("import", "static")
                                        if f"{name}:{stage}.json" in ctx.step.inputs])
     return manifest_table(models, compiled, rewrites)
 
 
-def _validation(validation: dict, step: dict) -> dict:
-    return {"status": validation["status"], "executed": validation["executed"],
-            "shipped_bytes_executed": validation["shipped_bytes_executed"],
-            "tolerance": validation["tolerance"], "outputs": validation["outputs"],
-            "step_key": step["key"], "tools": step["key_parts"]["tools"]}
+def _built(model: ModelEntry, abi: dict) -> set:
+    """The ABIs the model is built for: its own list, or (a precision variant) every ABI its
+    skips leave, of the backends that build variants."""
+    if model.abis is not None:
+        return set(model.abis)
+    return {abi["name"]} if backend_named(abi["compiler"]).variants else set()
 
 
-def _tvm_artifact(ctx, prefix: str, abi: dict) -> dict:
-    """A TVM `.so` entry: the same shape as an IREE one, plus the TVM target and the tuning."""
-    so = ctx.input(f"{prefix}:model.so")
+def _artifact(ctx, prefix: str, abi: dict) -> dict:
+    """An artifact entry: its file, how it was compiled (its backend's fields), what it
+    requires, how it was validated, and the tuning database applied (when one was)."""
+    backend = backend_named(abi["compiler"])
+    path = ctx.input(f"{prefix}:{backend.artifact}")
     step = _json(ctx, f"{prefix}:compile.step")
     report = _json(ctx, f"{prefix}:compile.json")
+    validation = _json(ctx, f"{prefix}:validation.json")
+    validate_step = _json(ctx, f"{prefix}:validate.step")
     tools = step["key_parts"]["tools"]
     entry = {
-        "path": ctx.step.layout.relative(so), "sha256": sha256_file(so), "size": so.stat().st_size,
-        "format": "tvm-so", "entry": report["entry"], "abi": abi,
-        "compile": {"step_key": step["key"], "flags": [], "target": report["target"],
-                    "linker": report["linker"], "tools": tools},
-        "requires": {"tvm_runtime": {"package": "apache-tvm", "version": tools["apache-tvm"],
-                                     "ffi": tools["apache-tvm-ffi"],
-                                     "install": f"pip install apache-tvm=={tools['apache-tvm']} "
-                                                f"apache-tvm-ffi=={tools['apache-tvm-ffi']}",
-                                     "libraries": "or only libtvm_runtime.so + libtvm_ffi.so "
-                                                  "from that wheel (C++ loader)"}},
-        "validation": _validation(_json(ctx, f"{prefix}:validation.json"),
-                                  _json(ctx, f"{prefix}:validate.step")),
-        "tuning": None,
+        "path": ctx.step.layout.relative(path), "sha256": sha256_file(path),
+        "size": path.stat().st_size, "format": backend.format, "entry": report["entry"], "abi": abi,
+        "compile": {"step_key": step["key"], "tools": tools, **backend.compile_fields(report)},
+        "requires": backend.requires(report, tools),
+        "validation": {"status": validation["status"], "executed": validation["executed"],
+                       "shipped_bytes_executed": validation["shipped_bytes_executed"],
+                       **({"twin": validation["twin"]} if "twin" in validation else {}),
+                       "tolerance": validation["tolerance"], "outputs": validation["outputs"],
+                       "step_key": validate_step["key"],
+                       "tools": validate_step["key_parts"]["tools"]},
     }
+    if backend.tune_stage is not None:  # the database applied, or None: untuned
+        entry["tuning"] = None
     if f"{prefix}:tune.json" in ctx.step.inputs:
         tune = _json(ctx, f"{prefix}:tune.json")
         entry["tuning"] = {"source": tune["source"], "pinned_at": tune.get("pinned_at"),
@@ -296,25 +270,20 @@ def manifest_step(project, target) -> Step:
         if model.source_format != "onnx":  # a converted source: the rewrites of its graph
             inputs[f"{model.name}:import.json"] = layout.model_stage(model.base, "import") / "import.json"
         for abi in [a for a in target.abis if built(project, model, target, a)]:
-            _artifact_inputs(inputs, f"{model.name}:{abi.name}",
-                             layout.artifact_stage(target.name, model.name, abi.name, "iree_compile"),
+            backend, prefix = backend_of(abi), f"{model.name}:{abi.name}"
+            _artifact_inputs(inputs, prefix,
+                             layout.artifact_stage(target.name, model.name, abi.name, backend.compile_stage),
                              layout.artifact_stage(target.name, model.name, abi.name, "validate"),
-                             "model.vmfb")
+                             backend.artifact)
+            if backend.tune_stage is not None and budget(model, target):
+                tuned = layout.artifact_stage(target.name, model.name, abi.name, backend.tune_stage)
+                inputs[f"{prefix}:tune.json"] = tuned / "tune.json"
+                inputs[f"{prefix}:tune.step"] = tuned / RECORD
         inputs.update(_variant_inputs(layout, model, target))
         inputs[f"{model.name}:coverage.json"] = coverage_file(layout, target.name, model.name)
         if target.ship:
             inputs[f"{model.name}:choice.json"] = (layout.target_model_stage(
                 target.name, model.name, "choose") / "choice.json")
-        for abi in tvm_abis(project, model, target):
-            prefix = f"{model.name}:{abi.name}"
-            _artifact_inputs(inputs, prefix,
-                             layout.artifact_stage(target.name, model.name, abi.name, "tvm_compile"),
-                             layout.artifact_stage(target.name, model.name, abi.name, "validate"),
-                             "model.so")
-            if budget(model, target):
-                tuned = layout.artifact_stage(target.name, model.name, abi.name, "tvm_tune")
-                inputs[f"{prefix}:tune.json"] = tuned / "tune.json"
-                inputs[f"{prefix}:tune.step"] = tuned / RECORD
     entries = [ModelEntry(name=m.name, description=m.description,
                           source={"file": m.source.name, "sha256": m.source_sha256,
                                   **({"format": m.source_format, "routes": list(ROUTES[m.source_format]),
@@ -323,17 +292,15 @@ def manifest_step(project, target) -> Step:
                           shape_of=m.shape_of, shape=m.shape if m.shape_of else None,
                           shapes=tuple(m.shapes),
                           licenses=tuple(p.name for p in m.licenses),
-                          skipped={a.name: m.skip_reason(a.name) for a in target.all_abis
+                          skipped={a.name: m.skip_reason(a.name) for a in target.abis
                                    if m.skip_reason(a.name)},
-                          abis=tuple(a.name for a in target.abis if built(project, m, target, a)),
-                          tvm_abis=tuple(a.name for a in tvm_abis(project, m, target)))
+                          abis=tuple(a.name for a in target.abis if built(project, m, target, a)))
                for m in models]
     entries += [v for m in models for v in _variant_models(layout, m, target)]
     target_entry = TargetEntry(
         name=target.name, description=target.description, definition_sha256=target.sha256,
         fallback=tuple(target.fallback),
         abis=tuple({"name": a.name, **a.compile_config(), "run": a.run} for a in target.abis),
-        tvm_abis=tuple({"name": a.name, **a.compile_config(), "run": a.run} for a in target.tvm_abis),
         ship=tuple(dict(s) for s in target.ship))
     return Step(stage="manifest", name=target.name, version=VERSION,
                 config=Config(target=target_entry, models=tuple(entries)), inputs=inputs,
@@ -353,25 +320,28 @@ def _variant_inputs(layout, model, target) -> dict:
         inputs[f"{name}:static.onnx"] = quantized / "model.onnx"
         inputs[f"{name}:golden.json"] = layout.model_stage(name, "golden") / "golden.json"
         inputs[f"{name}:accuracy.json"] = layout.model_stage(name, "accuracy") / "accuracy.json"
-        for abi in target.abis:
+        for abi in variant_abis(target):
             if variant_skip_reason(model, v, abi, layout.cache):
                 continue
+            backend = backend_of(abi)
             _artifact_inputs(inputs, f"{name}:{abi.name}",
-                             layout.artifact_stage(target.name, name, abi.name, "iree_compile"),
+                             layout.artifact_stage(target.name, name, abi.name, backend.compile_stage),
                              layout.artifact_stage(target.name, name, abi.name, "validate"),
-                             "model.vmfb")
+                             backend.artifact)
     return inputs
 
 
 def _variant_models(layout, model, target) -> list[ModelEntry]:
-    """The config entries of the model's variants (after every model's own): IREE only."""
+    """The config entries of the model's variants (after every model's own): the ABIs of the
+    backends that build variants."""
     return [ModelEntry(name=full_name(model, v),
                        description=f"{model.description} [{v.precision} variant {v.name!r}]",
                        source={"file": model.source.name, "sha256": model.source_sha256},
                        licenses=tuple(p.name for p in model.licenses),
                        skipped={a.name: variant_skip_reason(model, v, a, layout.cache)
-                                for a in target.abis if variant_skip_reason(model, v, a, layout.cache)},
-                       tvm_abis=(), variant_of=model.name, precision=v.precision)
+                                for a in variant_abis(target)
+                                if variant_skip_reason(model, v, a, layout.cache)},
+                       variant_of=model.name, precision=v.precision)
             for v in model.variants]
 
 

@@ -15,21 +15,18 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ..compilers.backends import backend_named, backend_of
 from ..core.store import atomic_write_text, canonical_json, sha256_text
 from ..spec.variants import FP16_FEATURES, full_name
 
 ENTRY = "main"  # the compiled entry point of every artifact
 
 
-def compiler_of(abi) -> str:
-    return getattr(abi, "compiler", "iree")
-
-
 def compilers(target) -> dict:
     """compiler -> the target's ABI names built by it."""
     out: dict = {}
-    for abi in target.all_abis:
-        out.setdefault(compiler_of(abi), []).append(abi.name)
+    for abi in target.abis:
+        out.setdefault(abi.compiler, []).append(abi.name)
     return out
 
 
@@ -54,28 +51,36 @@ def coverage(project, model, target) -> dict | None:
         return None
 
 
-def skipped(project, model, target) -> set[str]:
-    """The compilers the coverage step found unable to take the model (none while unknown)."""
+def skipped(project, model, target) -> set:
+    """The backends the coverage step found unable to take the model (none while unknown)."""
     report = coverage(project, model, target)
     if report is None:
         return set()
-    return {c for c, entry in report["compilers"].items() if entry["status"] == "skipped"}
+    return {backend_named(c) for c, entry in report["compilers"].items()
+            if entry["status"] == "skipped"}
 
 
-def unsupported(project, model, target, compiler: str) -> list[dict]:
+def unsupported(project, model, target, backend) -> list[dict]:
     report = coverage(project, model, target) or {"compilers": {}}
-    return report["compilers"].get(compiler, {}).get("unsupported", [])
+    return report["compilers"].get(backend.name, {}).get("unsupported", [])
 
 
 def built(project, model, target, abi) -> bool:
     """False when the spec skips the ABI, or op coverage says its compiler cannot take the model."""
     return (not model.skip_reason(abi.name)
-            and compiler_of(abi) not in skipped(project, model, target))
+            and backend_of(abi) not in skipped(project, model, target))
 
 
-def tvm_abis(project, model, target) -> list:
-    return [a for a in target.tvm_abis
-            if not model.skip_reason(a.name) and "tvm" not in skipped(project, model, target)]
+def built_abis(project, model, target, backend) -> list:
+    """The target's ABIs of this backend that the model is built for."""
+    return [a for a in target.abis if backend.builds(a) and built(project, model, target, a)]
+
+
+def proxy_abis(project, model, backend):
+    """(target, abi) of the host proxies of this backend the model is built for (op coverage)."""
+    for target, abi in proxy_pairs(project):
+        if backend.builds(abi) and backend not in skipped(project, model, target):
+            yield target, abi
 
 
 def budget(model, target) -> dict | None:
@@ -86,7 +91,7 @@ def proxy_pairs(project):
     """(target, abi) of the proxy targets that some loaded target's slots name."""
     names = {p for t in project.targets for s in t.ship for p in s["proxies"].values()}
     for target in project.proxies:
-        for abi in target.all_abis:
+        for abi in target.abis:
             if f"{target.name}/{abi.name}" in names:
                 yield target, abi
 
@@ -124,6 +129,11 @@ def variant_model(model, variant):
     """The ModelSpec the fp32 step builders see for a variant's chain (its name, its tolerance)."""
     return dataclasses.replace(model, name=full_name(model, variant), tolerance=variant.tolerance,
                                variants=())
+
+
+def variant_abis(target) -> list:
+    """The target's ABIs whose backend builds precision variants."""
+    return [a for a in target.abis if backend_of(a).variants]
 
 
 def variant_skip_reason(model, variant, abi, memo_dir: Path | None) -> str | None:

@@ -20,16 +20,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers.tvm_backend import KIND, TVM
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
 from ..core.tools import describe_exit, python_module_argv, run_tool, tail
 from ..spec.tvm import DATABASE
-from .plan import (ENTRY, abi_step_name, budget, compiler_of, proxy_pairs, skipped, static_model,
-                   tvm_abis, where)
+from .plan import ENTRY, abi_step_name, budget, built_abis, proxy_abis, static_model, where
 
 VERSION = 1
-OUTPUTS = ("model.so", "compile.json")
-FORMAT = "tvm-so"
+OUTPUTS = (TVM.artifact, "compile.json")
 TOOLS = ("apache-tvm", "apache-tvm-ffi", "onnx")
 
 
@@ -62,8 +61,9 @@ class Config(StageConfig):
     tuning: Budget | None           # the budget of the database applied (None: untuned)
 
     def problems(self):
-        if (self.compiler, self.backend) != ("tvm", "llvm"):
-            yield f"compiler and backend must be tvm and llvm, got {self.compiler!r}, {self.backend!r}"
+        if (self.compiler, self.backend) != (TVM.name, KIND):
+            yield (f"compiler and backend must be {TVM.name} and {KIND}, got {self.compiler!r}, "
+                   f"{self.backend!r}")
         if self.target.get("kind") != "llvm" or self.target.get("mcpu") != self.cpu:
             yield f"target must be the LLVM target dict of cpu {self.cpu!r}, got {self.target!r}"
         if not self.entry:
@@ -97,7 +97,7 @@ def run(ctx) -> None:
         database.mkdir()
         for name in ("database_workload.json", "database_tuning_record.json"):
             shutil.copyfile(ctx.input(name), database / name)
-    so = ctx.output("model.so")
+    so = ctx.output(TVM.artifact)
     result = run_tool(compile_argv(ctx.input("model"), cfg.as_key(), so, database), log=ctx.log,
                       what="TVM compile", check=False, timeout=3600, **where)
     if database is not None:
@@ -112,7 +112,7 @@ def run(ctx) -> None:
                         f"{tail(result.output)}", log=True,
                         hint="read the log; the target comes from the ABI in the target's YAML")
     summary = json.loads(result.output.strip().splitlines()[-1])
-    report = {"compiler": "tvm", "target": cfg.target, "linker": cfg.linker,
+    report = {"compiler": TVM.name, "target": cfg.target, "linker": cfg.linker,
               "entry": cfg.entry, "size": so.stat().st_size,
               "tuning": key_value(cfg.tuning), "tuned_workloads": summary["tuned_workloads"],
               "tuning_records": summary["tuning_records"]}
@@ -132,10 +132,10 @@ def steps(project) -> list:
     out = []
     for model in project.models:
         for target in project.targets:
-            out += [compile_step(project, model, target, a) for a in tvm_abis(project, model, target)]
-        for target, abi in proxy_pairs(project):
-            if compiler_of(abi) == "tvm" and "tvm" not in skipped(project, model, target):
-                out.append(compile_step(project, model, target, abi))
+            out += [compile_step(project, model, target, a)
+                    for a in built_abis(project, model, target, TVM)]
+        out += [compile_step(project, model, target, abi)
+                for target, abi in proxy_abis(project, model, TVM)]
     return out
 
 
@@ -144,14 +144,14 @@ def compile_step(project, model, target, abi) -> Step:
     tuning = budget(model, target)
     inputs = {"model": static_model(layout, model)}
     if tuning:
-        tuned = layout.artifact_stage(target.name, model.name, abi.name, "tvm_tune")
+        tuned = layout.artifact_stage(target.name, model.name, abi.name, TVM.tune_stage)
         for name in DATABASE:
             inputs[name] = tuned / name
-    return Step(stage="tvm_compile", name=abi_step_name(model, target, abi), version=VERSION,
+    return Step(stage=TVM.compile_stage, name=abi_step_name(model, target, abi), version=VERSION,
                 config=Config(**abi.compile_config(), entry=ENTRY,
                               tuning=Budget(tuning["trials"], tuning["per_task"]) if tuning else None),
                 inputs=inputs, outputs=OUTPUTS,
-                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "tvm_compile"),
+                out_dir=layout.artifact_stage(target.name, model.name, abi.name, TVM.compile_stage),
                 tools=TOOLS + (abi.cross_compiler,), action=run, layout=layout,
                 doc=f"TVM Relax for {abi.triple} ({abi.cpu})"
                     + (f", tuned ({tuning['trials']} trials)" if tuning else ", untuned"),

@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json, sha256_file
@@ -59,8 +60,7 @@ from ..core.tools import (cpu_model, describe_exit, distribution_version, python
                           run_tool, tail)
 from ..spec.tvm import DATABASE, SHARED_DATABASE_DIR, SHARED_DATABASE_FILES, shared_database
 from . import tuning_db
-from .plan import (abi_step_name, budget, compiler_of, proxy_pairs, skipped, static_model, tvm_abis,
-                   where)
+from .plan import abi_step_name, budget, built_abis, proxy_abis, static_model, where
 from .tvm_compile import Budget
 
 VERSION = 1
@@ -476,11 +476,10 @@ def steps(project) -> list:
     for model in project.models:
         for target in project.targets:
             if budget(model, target):
-                out += [tune_step(project, model, target, a) for a in tvm_abis(project, model, target)]
-        for target, abi in proxy_pairs(project):
-            if (compiler_of(abi) == "tvm" and "tvm" not in skipped(project, model, target)
-                    and budget(model, target)):
-                out.append(tune_step(project, model, target, abi))
+                out += [tune_step(project, model, target, a)
+                        for a in built_abis(project, model, target, TVM)]
+        out += [tune_step(project, model, target, abi)
+                for target, abi in proxy_abis(project, model, TVM) if budget(model, target)]
     return out
 
 
@@ -532,7 +531,7 @@ def tune_steps(project, target_name: str, model_name: str | None, farm: dict,
         for model in project.models:
             if model_name and model.name != model_name or not budget(model, target):
                 continue
-            for abi in tvm_abis(project, model, target):
+            for abi in built_abis(project, model, target, TVM):
                 out.append(tune_step(project, model, target, abi, allow_tuning=allow_tuning,
                                      farm=farm, ignore_pins=ignore_pins,
                                      sources=model_pins(project, target, abi)))

@@ -1,53 +1,50 @@
 """Stage `validate`: run the very artifact that ships on the golden inputs and compare.
 
-How an artifact runs is the ABI's `run.via`:
-  python  this machine's IREE Python runtime, in a child process (x86_64 artifacts);
-  qemu    the target's own IREE runtime (aarch64 wheel) under qemu-user-static -- the shipped
-          bytes, emulated: correct numerics, meaningless timings.
-TVM artifacts (`model.so`) run the same way through TVM's runtime library (pipeline/run/tvm_run.py):
-natively for x86_64, and for aarch64 on the aarch64 TVM wheel with an aarch64 Python under qemu-user.
+How an artifact runs is its backend's runner (compilers/<name>_backend.py) and the ABI's `run.via`:
+  python  this machine's runtime (IREE's, TVM's), in a child process (x86_64 artifacts);
+  qemu    the target's own runtime (aarch64 wheel) under qemu-user-static -- the shipped
+          bytes, emulated: correct numerics, meaningless timings;
+  vulkan  (IREE) on a Vulkan driver here; twin: a twin built for a driver here stands for it.
 validation.json records what ran, where and how, and the error figures against the tolerance.
 A mismatch fails the step and leaves no validation.json behind.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import PipelineError
+from ..compilers.backends import BY_NAME, backend_named, backend_of
 from ..core.numerics import compare, describe_failures, summary, tolerance_problems
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json, sha256_file
-from ..core.tools import (SETUP_HINT, aarch64_runtime, aarch64_tvm, distribution_version,
-                          python_module_argv, qemu_aarch64, qemu_argv, run_tool)
-from ..run import shader_packs, vulkan
-from ..run.tvm_run import RUNNER as TVM_RUNNER
+from ..core.tools import run_tool
+from ..run import shader_packs
 from ..spec.variants import PRECISIONS
 from . import golden
-from .plan import (ENTRY, abi_step_name, built, compiler_of, golden_files, proxy_pairs, skipped,
-                   tvm_abis, variant_model, variant_skip_reason, where)
+from .plan import (ENTRY, abi_step_name, built, golden_files, proxy_pairs, skipped, variant_abis,
+                   variant_model, variant_skip_reason, where)
 
 VERSION = 1
-TVM_VERSION = 1   # TVM artifacts' validation (its own key version)
 OUTPUTS = ("validation.json",)
 VIAS = ("python", "qemu", "vulkan", "twin")
 
 
 @dataclass(frozen=True)
 class Config(StageConfig):
-    """An IREE artifact's validation: how it runs here, and what it must match."""
+    """An artifact's validation: which backend's runtime runs it, how it runs here, and what it
+    must match."""
+    compiler: str                       # the backend (compilers/backends.py) whose runtime runs it
     run: dict                           # the ABI's run: via python | qemu | vulkan | twin, and its settings
     entry: str                          # the artifact's entry point
-    backend: str                        # the ABI's backend (llvm-cpu | vulkan-spirv)
+    backend: str                        # the ABI's backend (llvm-cpu | vulkan-spirv; llvm for TVM)
     tolerance: dict                     # vs golden: max_abs, mean_abs, cosine
     precision: str | None = None        # a precision variant's: int8 | fp16 ...
     reference_tolerance: dict | None = None  # ... and what it must hold to against fp32 (its gate)
 
     def problems(self):
+        if self.compiler not in BY_NAME:
+            yield f"compiler must be one of {', '.join(BY_NAME)}, got {self.compiler!r}"
         if self.run.get("via") not in VIAS:
             yield f"run.via must be one of {', '.join(VIAS)}, got {self.run.get('via')!r}"
         if not self.entry:
@@ -61,66 +58,19 @@ class Config(StageConfig):
             yield from tolerance_problems("reference_tolerance", self.reference_tolerance)
 
     def as_key(self) -> dict:
-        key = {"run": key_value(self.run), "entry": self.entry, "backend": self.backend,
-               "tolerance": key_value(self.tolerance)}
+        key = {"compiler": self.compiler, "run": key_value(self.run), "entry": self.entry,
+               "backend": self.backend, "tolerance": key_value(self.tolerance)}
         if self.precision is not None:  # a precision variant (the fp32 keys are unchanged)
             key.update(precision=self.precision, reference_tolerance=key_value(self.reference_tolerance))
         return key
 
 
-@dataclass(frozen=True)
-class TvmConfig(StageConfig):
-    """A TVM artifact's validation: how it runs here (natively or under qemu), what it must match."""
-    run: dict                           # the ABI's run: via python | qemu, device, qemu_cpu
-    entry: str
-    compiler: str                       # tvm
-    tolerance: dict                     # vs golden: max_abs, mean_abs, cosine
-
-    def problems(self):
-        if self.run.get("via") not in ("python", "qemu"):
-            yield f"run.via must be python or qemu, got {self.run.get('via')!r}"
-        if self.compiler != "tvm":
-            yield f"compiler must be tvm, got {self.compiler!r}"
-        yield from tolerance_problems("tolerance", self.tolerance)
-
-
-def runner_argv(config: Config, vmfb, inputs: list, outputs: list, where: dict,
+def runner_argv(config: Config, artifact, inputs: list, outputs: list, where: dict,
                 shader_cache: Path | None = None) -> tuple[list, dict, dict | None]:
-    """The command that runs `vmfb`, a description of where and how it ran, and its environment
-    (shader_cache: where a Vulkan driver keeps the kernels it compiled, see vulkan.driver_env)."""
-    run = config.run
-    if run["via"] in ("vulkan", "twin"):
-        env = vulkan.driver_env(run["driver"], shader_cache=shader_cache)
-        devices, why = vulkan.query_devices(env)
-        if not devices:
-            raise PipelineError(f"cannot run Vulkan artifacts here: {why}", hint=SETUP_HINT, **where)
-        argv = python_module_argv("pipeline.run.iree_run", "--module", str(vmfb), "--function",
-                                  config.entry, "--device", "vulkan",
-                                  *[a for p in inputs for a in ("--input", str(p))],
-                                  *[a for p in outputs for a in ("--output", str(p))])
-        executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
-                    "device": devices[0].describe(), "emulated": False,
-                    "where": f"Vulkan driver {run['driver']} on the {platform.machine()} build host"}
-        return argv, executed, env
-    if run["via"] == "python":
-        argv = python_module_argv("pipeline.run.iree_run", "--module", str(vmfb), "--function",
-                                  config.entry, "--device", run["device"],
-                                  *[a for p in inputs for a in ("--input", str(p))],
-                                  *[a for p in outputs for a in ("--output", str(p))])
-        executed = {"runtime": f"iree-base-runtime {distribution_version('iree-base-runtime')} (Python)",
-                    "device": run["device"], "emulated": False,
-                    "where": f"{platform.machine()} build host, natively"}
-        return argv, executed, None
-    rt = aarch64_runtime(**where)
-    argv = qemu_argv(run["qemu_cpu"], rt.run_module, f"--device={run['device']}",
-                     f"--module={vmfb}", f"--function={config.entry}",
-                     *[f"--input=@{p}" for p in inputs], *[f"--output=@{p}" for p in outputs],
-                     **where)
-    executed = {"runtime": f"iree-run-module {rt.version} (aarch64 wheel)",
-                "device": run["device"], "emulated": True,
-                "where": f"qemu-aarch64-static -cpu {run['qemu_cpu']} on the "
-                         f"{platform.machine()} build host"}
-    return argv, executed, None
+    """The command that runs `artifact` (its backend's runner), a description of where and how
+    it ran, and its environment."""
+    return backend_named(config.compiler).runner(config.run, config.entry, artifact, inputs,
+                                                 outputs, where, shader_cache=shader_cache)
 
 
 def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wrong_hint: str):
@@ -181,16 +131,14 @@ def run(ctx) -> None:
     import numpy as np
 
     cfg = ctx.cfg
+    backend = backend_named(cfg.compiler)
     twin = cfg.run["via"] == "twin"
     if twin:
         _same_flags(ctx)
     doc, actual, names, executed, result = run_and_compare(
-        ctx, ctx.input("twin.vmfb" if twin else "vmfb"), runner_argv,
-        what="twin" if twin else "artifact",
-        run_hint="read the log; an INCOMPATIBLE error means the artifact was built for another "
-                 "device than the one running it",
-        wrong_hint="the compiled artifact is numerically wrong for this tolerance: try without "
-                   "the ABI's optional flags, or report it to IREE")
+        ctx, ctx.input("twin.artifact" if twin else "artifact"), runner_argv,
+        what="twin" if twin else backend.what, run_hint=backend.run_hint,
+        wrong_hint=backend.wrong_hint)
     vs_fp32 = None
     if cfg.reference_tolerance is not None:  # a precision variant: also against fp32, within its gate
         reference = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False)
@@ -211,8 +159,8 @@ def run(ctx) -> None:
         # The shipped bytes were not run: say exactly what was, and what is still owed.
         report["status"] = "twin-passed"
         report["twin"] = {"vulkan_target": cfg.run["twin"],
-                          "sha256": sha256_file(ctx.input("twin.vmfb")),
-                          "shipped_sha256": sha256_file(ctx.input("vmfb")),
+                          "sha256": sha256_file(ctx.input("twin.artifact")),
+                          "shipped_sha256": sha256_file(ctx.input("artifact")),
                           "why": "the shipped artifact assumes a device this machine does not "
                                  "have (its kernels would run here and return wrong numbers)",
                           "still_needed": "run the shipped artifact on the board and compare with "
@@ -220,48 +168,10 @@ def run(ctx) -> None:
     ctx.output("validation.json").write_text(pretty_json(report))
 
 
-# ----------------------------------------------------------------------------- TVM artifacts
-def tvm_runner_argv(config: TvmConfig, so: Path, inputs: list, outputs: list,
-                    where: dict, shader_cache: Path | None = None) -> tuple[list, dict, dict]:
-    """The command that runs `so`, where and how it ran, and its environment (TVM artifacts
-    run on the CPU: shader_cache is not used)."""
-    args = [str(TVM_RUNNER), "--module", str(so), "--entry", config.entry,
-            *[a for p in inputs for a in ("--input", str(p))],
-            *[a for p in outputs for a in ("--output", str(p))]]
-    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    run = config.run
-    if run["via"] == "python":
-        executed = {"runtime": f"apache-tvm {distribution_version('apache-tvm')} runtime "
-                               f"(Relax VM, Python)",
-                    "device": run["device"], "emulated": False,
-                    "where": f"{platform.machine()} build host, natively"}
-        return [sys.executable, *args], executed, env
-    qemu_aarch64(**where)  # the wrapper needs it on PATH: fail here with the setup hint
-    tv = aarch64_tvm(**where)
-    env["QEMU_CPU"] = run["qemu_cpu"]
-    executed = {"runtime": f"apache-tvm {tv.version} runtime (Relax VM, aarch64 wheel, Python 3.11)",
-                "device": run["device"], "emulated": True,
-                "where": f"qemu-aarch64-static -cpu {run['qemu_cpu']} on the "
-                         f"{platform.machine()} build host"}
-    return [str(tv.python), *args], executed, env
-
-
-def run_tvm(ctx) -> None:
-    """TVM artifacts: run the shipped model.so through TVM's runtime (natively or under qemu)."""
-    _, _, _, executed, result = run_and_compare(
-        ctx, ctx.input("model.so"), tvm_runner_argv, what="TVM artifact",
-        run_hint="read the log; SIGILL means the artifact uses CPU features the executing CPU lacks",
-        wrong_hint="the TVM artifact is numerically wrong for this tolerance: compare with the "
-                   "untuned build (tuning budget 0), or report it to TVM")
-    report = {"status": "passed", "executed": executed, "tolerance": ctx.cfg.tolerance,
-              "outputs": result["outputs"], "shipped_bytes_executed": True}
-    ctx.output("validation.json").write_text(pretty_json(report))
-
-
 # ----------------------------------------------------------------------------- steps
 def steps(project) -> list:
-    """Every artifact the graph builds is run and compared with golden: IREE's (models,
-    precision variants), TVM's, and those of the host proxies of another target's choice."""
+    """Every artifact the graph builds is run and compared with golden: every backend's (models,
+    precision variants), and those of the host proxies of another target's choice."""
     layout, out = project.layout, []
     for model in project.models:
         for target in project.targets:
@@ -270,41 +180,33 @@ def steps(project) -> list:
         for v in model.variants:
             vm = variant_model(model, v)
             out += [_variant(validate_step(layout, vm, target, abi), v)
-                    for target in project.targets for abi in target.abis
+                    for target in project.targets for abi in variant_abis(target)
                     if not variant_skip_reason(model, v, abi, layout.cache)]
     for model in project.models:
-        for target in project.targets:
-            out += [tvm_validate_step(layout, model, target, a)
-                    for a in tvm_abis(project, model, target)]
         for target, abi in proxy_pairs(project):
-            if compiler_of(abi) in skipped(project, model, target):
-                continue
-            make = tvm_validate_step if compiler_of(abi) == "tvm" else validate_step
-            out.append(make(layout, model, target, abi))
+            if backend_of(abi) not in skipped(project, model, target):
+                out.append(validate_step(layout, model, target, abi))
     return out
 
 
 def validate_step(layout, model, target, abi) -> Step:
-    compiled = layout.artifact_stage(target.name, model.name, abi.name, "iree_compile")
-    inputs = {"vmfb": compiled / "model.vmfb", **golden_files(layout, model)}
+    backend = backend_of(abi)
+    compiled = layout.artifact_stage(target.name, model.name, abi.name, backend.compile_stage)
+    inputs = {"artifact": compiled / backend.artifact, **golden_files(layout, model)}
     via = abi.run["via"]
     if via == "twin":
         twin = layout.artifact_stage(target.name, model.name, abi.name, "twin_compile")
-        inputs["twin.vmfb"] = twin / "model.vmfb"
+        inputs["twin.artifact"] = twin / backend.artifact
         inputs["compile.json"] = compiled / "compile.json"      # the twin must have been built
         inputs["twin.compile.json"] = twin / "compile.json"     # with the shipped build's flags
-    tools = {"python": ("iree-base-runtime", "numpy"),
-             "qemu": ("iree-runtime-aarch64", "qemu-aarch64-static", "numpy"),
-             "vulkan": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}"),
-             "twin": ("iree-base-runtime", "numpy", f"vulkan-driver:{abi.run.get('driver')}")}[via]
     return Step(stage="validate", name=abi_step_name(model, target, abi), version=VERSION,
-                config=Config(run=abi.run, entry=ENTRY, backend=abi.backend,
+                config=Config(compiler=backend.name, run=abi.run, entry=ENTRY, backend=abi.backend,
                               tolerance=model.tolerance.as_dict()),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
-                tools=tools, action=run, layout=layout,
+                tools=backend.validation_tools(abi.run), action=run, layout=layout,
                 doc=(f"run the twin ({abi.run.get('twin')}) on {abi.run.get('driver')} and compare with golden"
-                     if via == "twin" else f"run the artifact ({via}) and compare with golden"),
+                     if via == "twin" else f"run the {backend.what} ({via}) and compare with golden"),
                 where=where(model, target, abi))
 
 
@@ -318,19 +220,3 @@ def _variant(step, v):
         config=dataclasses.replace(step.cfg, precision=v.precision,
                                    reference_tolerance=v.gate.sample_tolerance()),
         doc=f"{step.doc}, and with fp32 within the gate")
-
-
-def tvm_validate_step(layout, model, target, abi) -> Step:
-    compiled = layout.artifact_stage(target.name, model.name, abi.name, "tvm_compile")
-    via = abi.run["via"]
-    tools = ("apache-tvm", "numpy") if via == "python" else \
-        ("tvm-aarch64", "qemu-aarch64-static", "numpy")
-    return Step(stage="validate", name=abi_step_name(model, target, abi), version=TVM_VERSION,
-                config=TvmConfig(run=abi.run, entry=ENTRY, compiler="tvm",
-                                 tolerance=model.tolerance.as_dict()),
-                inputs={"model.so": compiled / "model.so", **golden_files(layout, model)},
-                outputs=OUTPUTS,
-                out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
-                tools=tools, action=run_tvm, layout=layout,
-                doc=f"run the TVM artifact ({via}) and compare with golden",
-                where=where(model, target, abi))

@@ -44,7 +44,9 @@ def tiny_workspace(root: Path, seed: int = 1) -> Workspace:
 
 
 def do_release(ws: Workspace, target: str, version: str, key: Path | None, check: bool = True):
-    args = ["release", f"target={target}", f"version={version}"] + ([f"key={key}"] if key else [])
+    """A release without the C runtime (runtime=0): these tests check signing, bundles and
+    verification; tests/e2e/test_c_runtime.py releases with the runtime and runs it."""
+    args = ["release", f"target={target}", f"version={version}", "runtime=0"] + ([f"key={key}"] if key else [])
     result = ws.doit(*args)
     if check:
         assert result.returncode == 0, out(result)
@@ -372,7 +374,7 @@ def test_a_version_signed_by_another_key_is_not_reported_unchanged(released, tmp
     signing.generate(other)
     before = {p: sha256(p) for p in bundle.rglob("*") if p.is_file()}
     with pytest.raises(PipelineError) as info:
-        release.run(project(ws), "host", "1.0.0", str(other))
+        release.run(project(ws), "host", "1.0.0", str(other), with_runtime=False)
     old, new = signing.key_id(signing.load_private_key(str(key)).public_key()), \
         signing.key_id(signing.load_private_key(str(other)).public_key())
     assert info.value.what == (f"version 1.0.0 of host is already released with this content, "
@@ -380,7 +382,7 @@ def test_a_version_signed_by_another_key_is_not_reported_unchanged(released, tmp
                                f"release is never re-signed")
     assert info.value.stage == "release" and info.value.target == "host"
     assert {p: sha256(p) for p in bundle.rglob("*") if p.is_file()} == before
-    assert "unchanged: host 1.0.0" in release.run(project(ws), "host", "1.0.0", str(key))
+    assert "unchanged: host 1.0.0" in release.run(project(ws), "host", "1.0.0", str(key), with_runtime=False)
 
 
 def test_bad_version_or_key_is_a_clear_error_and_writes_nothing(released, tmp_path, monkeypatch):
@@ -389,26 +391,26 @@ def test_bad_version_or_key_is_a_clear_error_and_writes_nothing(released, tmp_pa
     proj = project(ws)
     for version in ("1.0", "v1.0.0", "01.0.0", "1.0.0/../../x", ""):
         with pytest.raises(PipelineError, match="is not a semantic version") as info:
-            release.run(proj, "host", version, str(key))
+            release.run(proj, "host", version, str(key), with_runtime=False)
         assert info.value.target == "host" and info.value.stage == "release"
     result = do_release(ws, "host", "2.0.0", None, check=False)
     assert result.returncode != 0 and "Traceback" not in out(result)
     assert "[target=host stage=release] no signing key: give key=PATH or set MODELYARD_SIGNING_KEY" \
            in result.stdout and "doit keygen key=PATH" in result.stdout
     with pytest.raises(PipelineError, match="cannot read the signing key .*nowhere.pem"):
-        release.run(proj, "host", "2.0.0", str(tmp_path / "nowhere.pem"))
+        release.run(proj, "host", "2.0.0", str(tmp_path / "nowhere.pem"), with_runtime=False)
     (tmp_path / "public-only.pem").write_bytes(Path(f"{key}.pub").read_bytes())
     with pytest.raises(PipelineError, match="is not an unencrypted PEM private key"):
-        release.run(proj, "host", "2.0.0", str(tmp_path / "public-only.pem"))
+        release.run(proj, "host", "2.0.0", str(tmp_path / "public-only.pem"), with_runtime=False)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     with pytest.raises(PipelineError, match="SOURCE_DATE_EPOCH='yesterday' is not a whole number"):
-        release.run(proj, "host", "2.0.0", str(key))
+        release.run(proj, "host", "2.0.0", str(key), with_runtime=False)
     assert sorted(p.name for p in (ws.artifacts / "releases" / "host").iterdir()) == ["1.0.0"]
 
     # the key may also come from the environment, as PEM text; SOURCE_DATE_EPOCH sets the mtimes
     monkeypatch.setenv(signing.ENV_KEY, key.read_text())
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    assert "released host 2.0.0" in release.run(proj, "host", "2.0.0", None)
+    assert "released host 2.0.0" in release.run(proj, "host", "2.0.0", None, with_runtime=False)
     archive = ws.artifacts / "releases/host/2.0.0/modelyard-host-2.0.0.tar.gz"
     assert {m.mtime for m in members(archive)} == {1700000000}
     assert "signed by the expected key" in verify(archive, pubkey=f"{key}.pub")
@@ -425,7 +427,7 @@ def test_unvalidated_artifact_is_refused_unless_the_spec_waives_it(released, tmp
     build.write_text(json.dumps(doc))
 
     with pytest.raises(PipelineError) as info:
-        release.run(project(copy), "host", "3.0.0", str(key))
+        release.run(project(copy), "host", "3.0.0", str(key), with_runtime=False)
     assert "1 artifact(s) may not ship, nothing was released" in info.value.what
     assert "alpha/cpu-x86_64: validation status 'twin-passed', not 'passed'" in info.value.what
     assert "waivers: [{abi: NAME, status: twin-passed" in info.value.hint
@@ -435,7 +437,7 @@ def test_unvalidated_artifact_is_refused_unless_the_spec_waives_it(released, tmp
     spec.write_text(spec.read_text() + "  waivers:\n    - {abi: cpu-x86_64, status: twin-passed, "
                                        "reason: checked through the llvmpipe twin}\n")
     assert "waivers: alpha/cpu-x86_64 (twin-passed)" in release.run(project(copy), "host", "3.0.0",
-                                                                    str(key))
+                                                                    str(key), with_runtime=False)
     bundle = tmp_path / "artifacts" / "releases" / "host" / "3.0.0"
     waiver = {"model": "alpha", "abi": "cpu-x86_64", "target": "host", "status": "twin-passed",
               "reason": "checked through the llvmpipe twin"}

@@ -19,8 +19,9 @@ LAYERS = [
     ("bench", "release", "diagnose"),  # commands beside the build: they read what the graph built
     ("graph",),             # the project and the one table of stages
     ("stages",),            # one module per doit stage
+    ("compilers",),         # the backends (a compiler and its runners, one object each), thin tool
+                            # wrappers (command lines) and the compilers' recorded facts
     ("run",),               # runners: IREE, TVM, onnxruntime, qemu, Vulkan, timing; the app-side runtime
-    ("compilers",),         # thin tool wrappers: command lines, and the compilers' recorded facts
     ("spec",),              # model.yaml and targets -> typed specs
     ("core",),              # errors, layout, store, tools, steps
 ]
@@ -149,3 +150,65 @@ def test_doit_list_imports_no_toolchain_and_runs_no_tool(tmp_path):
     assert "HEAVY []" in proc.stdout, proc.stdout
     assert "STARTED []" in proc.stdout, proc.stdout
     assert "build" in proc.stdout and "manifest" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- backends
+def backend_words() -> dict[str, str]:
+    """Each backend's name, artifact format and artifact file name -> its own module, where
+    alone they may be compared (pipeline/compilers/<name>_backend.py, and the runtime module
+    that defines the format it loads)."""
+    from pipeline.compilers.backends import BACKENDS
+    words = {}
+    for b in BACKENDS:
+        for word in (b.name, b.format, b.artifact):
+            words[word] = b.name
+    return words
+
+
+def _strings(node) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for e in node.elts for s in _strings(e)]
+    return []
+
+
+def compared_backend_words(source: str, label: str, words: dict) -> list[str]:
+    """`x == "tvm"`, `"iree" in skipped`, `fmt != "tvm-so"`, `c in ("iree", "tvm")`: a backend
+    named by a string in a comparison, with its line."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                found += [f"{label}:{node.lineno}: {ast.unparse(node)}"
+                          for s in _strings(operand) if s in words]
+    return found
+
+
+def test_no_backend_is_chosen_by_comparing_its_name():
+    """Callers ask the backend (compilers/backends.py: backend_of(abi).format, IREE.builds(abi));
+    only a backend's own module compares its name, format or artifact file name."""
+    words = backend_words()
+    own = {f"pipeline/compilers/{name}_backend.py" for name in set(words.values())}
+    # release/ is being reworked beside this change (the C runtime in the bundle): its
+    # comparisons go when it asks the backend too
+    allowed = {"pipeline/release/release.py"}
+    found = []
+    for path in sorted(PIPELINE.rglob("*.py")):
+        label = str(path.relative_to(REPO))
+        if label not in own | allowed:
+            found += compared_backend_words(path.read_text(), label, words)
+    assert not found, "backends chosen by comparing their names:\n" + "\n".join(found)
+
+
+def test_the_backend_check_sees_the_forms_the_old_code_used():
+    code = ('def f(abi, art, skipped):\n'
+            '    a = compiler_of(abi) == "tvm"\n'
+            '    b = "iree" not in skipped\n'
+            '    c = art["format"] != "tvm-so"\n'
+            '    d = abi.compiler in ("iree", "x")\n'
+            '    e = art["format"] == FORMAT\n'
+            '    f = {"iree": 1}["iree"]\n')
+    found = compared_backend_words(code, "probe.py", backend_words())
+    assert [f.split(": ", 1)[0] for f in found] == ["probe.py:2", "probe.py:3", "probe.py:4",
+                                                    "probe.py:5"], found

@@ -207,7 +207,10 @@ def test_the_parsed_specs_are_typed_documents_turned_into_the_frozen_specs():
     cpu = {a.name: a for a in target.abis}["cpu-aarch64"]
     assert cpu.run == {"via": "qemu", "device": "local-task", "qemu_cpu": "cortex-a76"}
     assert cpu.triple == "aarch64-linux-gnu" and cpu.flags == ("--iree-opt-data-tiling",)
-    (tvm,) = target.tvm_abis
+    assert [(a.name, a.compiler) for a in target.abis] == [
+        ("vulkan-mali-g610", "iree"), ("vulkan-baseline", "iree"), ("cpu-aarch64", "iree"),
+        ("cpu-aarch64-tvm", "tvm")]  # every ABI in one map, as the YAML lists them
+    tvm = target.abis[-1]
     assert (tvm.num_cores, tvm.tune, tvm.run) == (4, {"key": "rk3588"},
                                                   {"via": "qemu", "device": "cpu", "qemu_cpu": "cortex-a76"})
     assert target.ship == ({"name": "cpu", "abis": ["cpu-aarch64", "cpu-aarch64-tvm"],

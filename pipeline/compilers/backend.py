@@ -1,0 +1,47 @@
+"""What a backend is: one compiler and the runtime of its artifacts, answering every question the
+stages, the runners and the commands ask about it. One module per backend (iree_backend.py,
+tvm_backend.py) exports one `Backend`; the table of them is backends.py (`BACKENDS`, shown beside
+the stages by pipeline/graph). Callers ask the object (`backend_of(abi).format`); no code outside
+a backend's own module compares its name (tests/unit/test_architecture.py checks it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str                   # the `compiler:` its ABIs give in a target YAML
+    format: str                 # the manifest's `format` of its artifacts
+    artifact: str               # the artifact's file name in its compile step's folder
+    compile_stage: str          # the stage that makes the artifact (a row of graph/stages.py)
+    tune_stage: str | None      # a stage before it that tunes, when a model has a budget
+    abi_schema: tuple           # the spec documents of its ABIs (in spec/target.py's `Abi` union)
+    variants: bool              # builds precision variants (int8, fp16) of a model
+    configs: bool               # its ABIs declare `configs:` that `doit search` builds and times
+    # The manifest: (compile.json, the compile step's tool versions) -> the artifact entry's
+    # `compile` fields besides step_key and tools, and its `requires`.
+    compile_fields: Callable[[dict], dict]
+    requires: Callable[[dict, dict], dict]
+    # Validation: how the artifact runs here (the `validate` stage).
+    #   runner(run, entry, artifact, inputs, outputs, where, shader_cache) -> (argv, executed, env)
+    runner: Callable
+    validation_tools: Callable[[dict], tuple]   # the ABI's run -> the tools its key names
+    what: str                   # how validation names the artifact it runs
+    run_hint: str               # the hint when the run fails
+    wrong_hint: str             # the hint when the outputs are wrong
+    # Timing on this machine (choose's fastest-on-host, `doit search`, `doit bench`):
+    #   timer(artifact, entry, device, threads) -> a run/timing.py runner
+    timer: Callable[[Path, str, str, int], object]
+    runner_key: Callable[[str], str]   # the device an artifact was validated on -> bench's RUNNERS key
+
+    def builds(self, abi) -> bool:
+        """Whether this backend builds the ABI (the ABI's `compiler:` names it)."""
+        return abi.compiler == self.name
+
+    @property
+    def title(self) -> str:
+        """How messages name it: IREE, TVM."""
+        return self.name.upper()

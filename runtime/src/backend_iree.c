@@ -1,0 +1,229 @@
+/* The IREE backend: a .vmfb on a HAL device (local-task / local-sync CPU, or Vulkan). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "iree/hal/api.h"
+#include "iree/runtime/call.h"
+#include "iree/runtime/instance.h"
+#include "iree/runtime/session.h"
+
+typedef struct iree_state_s {
+  iree_runtime_instance_t* instance;
+  iree_hal_device_t* device;
+  iree_runtime_session_t* session;
+  iree_runtime_call_t call;
+  int call_ready;
+  void* contents;  /* the module's bytes (64-byte aligned copy), owned here */
+  size_t n_inputs, n_outputs;
+  const my_tensor_t* inputs;
+  const my_tensor_t* outputs;
+} iree_state_t;
+
+static modelyard_status_t from_iree(iree_status_t status, const char* what, char* err) {
+  iree_status_code_t code = iree_status_code(status);
+  char text[MY_ERR_SIZE - 200];
+  iree_host_size_t length = 0;
+  modelyard_status_t out;
+  if (iree_status_format(status, sizeof(text), text, &length)) {
+    snprintf(err, MY_ERR_SIZE, "%s: %.*s", what, (int)length, text);
+  } else {
+    snprintf(err, MY_ERR_SIZE, "%s: %s", what, iree_status_code_string(code));
+  }
+  iree_status_free(status);
+  switch (code) {
+    case IREE_STATUS_NOT_FOUND: out = MODELYARD_NOT_FOUND; break;
+    case IREE_STATUS_UNAVAILABLE: out = MODELYARD_UNAVAILABLE; break;
+    case IREE_STATUS_RESOURCE_EXHAUSTED: out = MODELYARD_OUT_OF_MEMORY; break;
+    case IREE_STATUS_INCOMPATIBLE: out = MODELYARD_INCOMPATIBLE; break;
+    case IREE_STATUS_INVALID_ARGUMENT:
+    case IREE_STATUS_FAILED_PRECONDITION: out = MODELYARD_INVALID_ARGUMENT; break;
+    default: out = MODELYARD_RUNTIME_ERROR; break;
+  }
+  return out;
+}
+
+static iree_hal_element_type_t element_type(modelyard_dtype_t dtype) {
+  switch (dtype) {
+    case MODELYARD_FLOAT32: return IREE_HAL_ELEMENT_TYPE_FLOAT_32;
+    case MODELYARD_FLOAT16: return IREE_HAL_ELEMENT_TYPE_FLOAT_16;
+    case MODELYARD_FLOAT64: return IREE_HAL_ELEMENT_TYPE_FLOAT_64;
+    case MODELYARD_INT8: return IREE_HAL_ELEMENT_TYPE_SINT_8;
+    case MODELYARD_UINT8: return IREE_HAL_ELEMENT_TYPE_UINT_8;
+    case MODELYARD_INT16: return IREE_HAL_ELEMENT_TYPE_SINT_16;
+    case MODELYARD_UINT16: return IREE_HAL_ELEMENT_TYPE_UINT_16;
+    case MODELYARD_INT32: return IREE_HAL_ELEMENT_TYPE_SINT_32;
+    case MODELYARD_UINT32: return IREE_HAL_ELEMENT_TYPE_UINT_32;
+    case MODELYARD_INT64: return IREE_HAL_ELEMENT_TYPE_SINT_64;
+    case MODELYARD_UINT64: return IREE_HAL_ELEMENT_TYPE_UINT_64;
+    case MODELYARD_BOOL: return IREE_HAL_ELEMENT_TYPE_BOOL_8;
+  }
+  return IREE_HAL_ELEMENT_TYPE_NONE;
+}
+
+static void destroy(void* opaque) {
+  iree_state_t* s = (iree_state_t*)opaque;
+  if (!s) return;
+  if (s->call_ready) iree_runtime_call_deinitialize(&s->call);
+  iree_runtime_session_release(s->session);
+  iree_hal_device_release(s->device);
+  iree_runtime_instance_release(s->instance);
+  free(s->contents);
+  free(s);
+}
+
+#define TRY(expr, what)                                       \
+  do {                                                        \
+    iree_status_t st_ = (expr);                               \
+    if (!iree_status_is_ok(st_)) {                            \
+      modelyard_status_t out_ = from_iree(st_, (what), err);  \
+      destroy(s);                                             \
+      return out_;                                            \
+    }                                                         \
+  } while (0)
+
+static modelyard_status_t load(const my_load_args_t* a, void** out_state, char* err) {
+  iree_state_t* s = (iree_state_t*)calloc(1, sizeof(*s));
+  iree_runtime_instance_options_t iopts;
+  iree_runtime_session_options_t sopts;
+  iree_vm_context_t* context;
+  iree_vm_module_t* module;
+  iree_vm_function_t function;
+  void* copy = NULL;
+  if (!s) return MODELYARD_OUT_OF_MEMORY;
+  s->n_inputs = a->n_inputs; s->n_outputs = a->n_outputs;
+  s->inputs = a->inputs; s->outputs = a->outputs;
+  iree_runtime_instance_options_initialize(&iopts);
+  iree_runtime_instance_options_use_all_available_drivers(&iopts);
+  TRY(iree_runtime_instance_create(&iopts, iree_allocator_system(), &s->instance),
+      "creating the IREE runtime instance");
+  {
+    char what[128];
+    snprintf(what, sizeof(what), "creating the IREE HAL device %s", a->device);
+    TRY(iree_runtime_instance_try_create_default_device(s->instance, iree_make_cstring_view(a->device),
+                                                        &s->device), what);
+  }
+  iree_runtime_session_options_initialize(&sopts);
+  TRY(iree_runtime_session_create_with_device(s->instance, &sopts, s->device,
+                                              iree_runtime_instance_host_allocator(s->instance),
+                                              &s->session), "creating the IREE session");
+  /* the flatbuffer wants an aligned buffer of its own; the session frees it with the module */
+  if (posix_memalign(&copy, 64, a->size ? a->size : 1) != 0) { destroy(s); return MODELYARD_OUT_OF_MEMORY; }
+  memcpy(copy, a->bytes, a->size);
+  s->contents = copy;  /* freed by destroy(), after the session that reads it */
+  TRY(iree_runtime_session_append_bytecode_module_from_memory(
+          s->session, iree_make_const_byte_span(copy, a->size), iree_allocator_null()),
+      "loading the module");
+  context = iree_runtime_session_context(s->session);
+  module = iree_vm_context_module_at(context, iree_vm_context_module_count(context) - 1);
+  {
+    iree_status_t st = iree_vm_module_lookup_function_by_name(
+        module, IREE_VM_FUNCTION_LINKAGE_EXPORT, iree_make_cstring_view(a->entry), &function);
+    if (!iree_status_is_ok(st)) {
+      iree_string_view_t name = iree_vm_module_name(module);
+      iree_status_free(st);
+      snprintf(err, MY_ERR_SIZE, "the module %.*s has no exported function %s",
+               (int)name.size, name.data, a->entry);
+      destroy(s);
+      return MODELYARD_NOT_FOUND;
+    }
+  }
+  TRY(iree_runtime_call_initialize(s->session, function, &s->call), "preparing the call");
+  s->call_ready = 1;
+  *out_state = s;
+  return MODELYARD_OK;
+}
+
+static modelyard_status_t run(void* opaque, const void* const* inputs, void* const* outputs,
+                              modelyard_timing_t* timing, char* err) {
+  iree_state_t* s = (iree_state_t*)opaque;
+  iree_hal_allocator_t* allocator = iree_runtime_session_device_allocator(s->session);
+  size_t i;
+  uint64_t t0, t1, t2, t3;
+  iree_status_t st = iree_ok_status();
+  iree_runtime_call_reset(&s->call);
+  t0 = my_now_ns();
+  for (i = 0; i < s->n_inputs && iree_status_is_ok(st); i++) {
+    const modelyard_tensor_info_t* info = &s->inputs[i].info;
+    iree_hal_dim_t shape[MODELYARD_MAX_RANK];
+    iree_hal_buffer_view_t* view = NULL;
+    iree_hal_buffer_params_t params = {0};
+    int d;
+    for (d = 0; d < info->rank; d++) shape[d] = (iree_hal_dim_t)info->shape[d];
+    params.type = IREE_HAL_MEMORY_TYPE_DEVICE_LOCAL;
+    params.usage = IREE_HAL_BUFFER_USAGE_DEFAULT;
+    st = iree_hal_buffer_view_allocate_buffer_copy(
+        s->device, allocator, (iree_host_size_t)info->rank, shape, element_type(info->dtype),
+        IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR, params,
+        iree_make_const_byte_span(inputs[i], info->byte_size), &view);
+    if (iree_status_is_ok(st)) st = iree_runtime_call_inputs_push_back_buffer_view(&s->call, view);
+    iree_hal_buffer_view_release(view);
+  }
+  if (!iree_status_is_ok(st)) return from_iree(st, "uploading the inputs", err);
+  t1 = my_now_ns();
+  st = iree_runtime_call_invoke(&s->call, 0);
+  t2 = my_now_ns();
+  if (!iree_status_is_ok(st)) return from_iree(st, "invoking the entry function", err);
+  for (i = 0; i < s->n_outputs && iree_status_is_ok(st); i++) {
+    iree_hal_buffer_view_t* view = NULL;
+    st = iree_runtime_call_outputs_pop_front_buffer_view(&s->call, &view);
+    if (!iree_status_is_ok(st)) break;
+    if (iree_hal_buffer_view_byte_length(view) != s->outputs[i].info.byte_size) {
+      snprintf(err, MY_ERR_SIZE, "output %zu (%s) has %zu bytes, release.json's io says %zu",
+               i, s->outputs[i].info.name, (size_t)iree_hal_buffer_view_byte_length(view),
+               s->outputs[i].info.byte_size);
+      iree_hal_buffer_view_release(view);
+      return MODELYARD_CORRUPT;
+    }
+    st = iree_hal_device_transfer_d2h(s->device, iree_hal_buffer_view_buffer(view), 0, outputs[i],
+                                      s->outputs[i].info.byte_size,
+                                      IREE_HAL_TRANSFER_BUFFER_FLAG_DEFAULT, iree_infinite_timeout());
+    iree_hal_buffer_view_release(view);
+  }
+  if (!iree_status_is_ok(st)) return from_iree(st, "reading the outputs back", err);
+  t3 = my_now_ns();
+  timing->copy_in_ns = t1 - t0;
+  timing->invoke_ns = t2 - t1;
+  timing->copy_out_ns = t3 - t2;
+  return MODELYARD_OK;
+}
+
+static const my_backend_ops_t OPS = {"iree", load, run, destroy};
+
+const my_backend_ops_t* my_iree_backend(void) { return &OPS; }
+
+int my_iree_vulkan_device(char* name, size_t name_size, char* why, size_t why_size) {
+  iree_hal_driver_registry_t* registry;
+  iree_hal_driver_t* driver = NULL;
+  iree_host_size_t count = 0;
+  iree_hal_device_info_t* infos = NULL;
+  iree_runtime_instance_options_t iopts;
+  iree_runtime_instance_t* instance = NULL;
+  iree_status_t st;
+  int found = 0;
+  iree_runtime_instance_options_initialize(&iopts);
+  iree_runtime_instance_options_use_all_available_drivers(&iopts);
+  st = iree_runtime_instance_create(&iopts, iree_allocator_system(), &instance);
+  if (iree_status_is_ok(st)) {
+    registry = iree_runtime_instance_driver_registry(instance);
+    st = iree_hal_driver_registry_try_create(registry, iree_make_cstring_view("vulkan"),
+                                             iree_allocator_system(), &driver);
+  }
+  if (iree_status_is_ok(st))
+    st = iree_hal_driver_query_available_devices(driver, iree_allocator_system(), &count, &infos);
+  if (!iree_status_is_ok(st)) {
+    snprintf(why, why_size, "no Vulkan driver is usable here (%s)",
+             iree_status_code_string(iree_status_code(st)));
+    iree_status_free(st);
+  } else if (count == 0) {
+    snprintf(why, why_size, "the Vulkan loader reports no device");
+  } else {
+    snprintf(name, name_size, "%.*s", (int)infos[0].name.size, infos[0].name.data);
+    found = 1;
+  }
+  iree_allocator_free(iree_allocator_system(), infos);
+  iree_hal_driver_release(driver);
+  iree_runtime_instance_release(instance);
+  return found;
+}

@@ -1,0 +1,479 @@
+/* libmodelyard: release.json -> the artifact this device runs -> a backend. See modelyard.h. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cJSON.h"
+#include "internal.h"
+
+#if defined(__aarch64__)
+#define MY_ARCH "aarch64"
+#elif defined(__x86_64__)
+#define MY_ARCH "x86_64"
+#else
+#error "modelyard: an architecture it has no artifacts for"
+#endif
+
+struct modelyard_model_s {
+  char abi[128];
+  char backend_name[8];
+  char* explain;
+  size_t n_inputs, n_outputs;
+  my_tensor_t* inputs;
+  my_tensor_t* outputs;
+  void** input_data;
+  void** output_data;
+  const my_backend_ops_t* ops;
+  void* state;
+  void* plugin;  /* dlopen handle of libmodelyard_tvm.so */
+  int ran;
+  modelyard_timing_t timing;
+};
+
+static __thread char last_error[MY_ERR_SIZE];
+
+static modelyard_status_t fail(modelyard_status_t status, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof(last_error), fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+uint64_t my_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+const char* modelyard_last_error(void) { return last_error; }
+
+const char* modelyard_status_name(modelyard_status_t status) {
+  static const char* names[] = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "CORRUPT", "INCOMPATIBLE",
+                                "UNAVAILABLE", "RUNTIME_ERROR", "OUT_OF_MEMORY"};
+  return (unsigned)status < sizeof(names) / sizeof(names[0]) ? names[status] : "UNKNOWN";
+}
+
+const char* modelyard_iree_commit(void) { return MODELYARD_IREE_COMMIT; }
+int modelyard_iree_hal_version(void) { return MODELYARD_IREE_HAL_VERSION; }
+
+void modelyard_default_options(modelyard_options_t* o) {
+  memset(o, 0, sizeof(*o));
+  o->verify_sha256 = 1;
+}
+
+/* ------------------------------------------------------------------------------ files, JSON */
+static void* read_file(const char* path, size_t* size) {
+  FILE* f = fopen(path, "rb");
+  char* data;
+  long n;
+  if (!f) return NULL;
+  if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    fclose(f);
+    return NULL;
+  }
+  data = (char*)malloc((size_t)n + 1);
+  if (data && fread(data, 1, (size_t)n, f) != (size_t)n) { free(data); data = NULL; }
+  fclose(f);
+  if (data) { data[n] = 0; *size = (size_t)n; }
+  return data;
+}
+
+static const char* str(const cJSON* obj, const char* key) {
+  const cJSON* item = cJSON_GetObjectItemCaseSensitive(obj, key);
+  return cJSON_IsString(item) ? item->valuestring : NULL;
+}
+
+static const struct { const char* name; modelyard_dtype_t dtype; size_t size; } DTYPES[] = {
+    {"float32", MODELYARD_FLOAT32, 4}, {"float16", MODELYARD_FLOAT16, 2},
+    {"float64", MODELYARD_FLOAT64, 8}, {"int8", MODELYARD_INT8, 1}, {"uint8", MODELYARD_UINT8, 1},
+    {"int16", MODELYARD_INT16, 2}, {"uint16", MODELYARD_UINT16, 2}, {"int32", MODELYARD_INT32, 4},
+    {"uint32", MODELYARD_UINT32, 4}, {"int64", MODELYARD_INT64, 8}, {"uint64", MODELYARD_UINT64, 8},
+    {"bool", MODELYARD_BOOL, 1}};
+
+static void free_tensors(my_tensor_t* t, size_t n) {
+  size_t i;
+  for (i = 0; t && i < n; i++) free((char*)t[i].info.name);
+  free(t);
+}
+
+static modelyard_status_t parse_tensors(const cJSON* list, const char* what, my_tensor_t** out,
+                                        size_t* count) {
+  size_t n = (size_t)cJSON_GetArraySize(list), i;
+  my_tensor_t* t;
+  if (!cJSON_IsArray(list) || n == 0)
+    return fail(MODELYARD_CORRUPT, "release.json: the model's io.%s is not a list of tensors", what);
+  t = (my_tensor_t*)calloc(n, sizeof(*t));
+  if (!t) return fail(MODELYARD_OUT_OF_MEMORY, "out of memory");
+  for (i = 0; i < n; i++) {
+    const cJSON* item = cJSON_GetArrayItem(list, (int)i);
+    const cJSON* shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    const char* dtype = str(item, "dtype");
+    size_t k, elems = 1;
+    int d;
+    t[i].info.name = str(item, "name") ? strdup(str(item, "name")) : NULL;
+    for (k = 0; dtype && k < sizeof(DTYPES) / sizeof(DTYPES[0]); k++)
+      if (strcmp(dtype, DTYPES[k].name) == 0) {
+        t[i].info.dtype = DTYPES[k].dtype;
+        t[i].info.dtype_name = DTYPES[k].name;
+        t[i].elem_size = DTYPES[k].size;
+      }
+    t[i].info.rank = cJSON_GetArraySize(shape);
+    if (!t[i].info.name || !t[i].elem_size || !cJSON_IsArray(shape) ||
+        t[i].info.rank > MODELYARD_MAX_RANK) {
+      free_tensors(t, i + 1);
+      return fail(MODELYARD_CORRUPT, "release.json: io.%s[%zu] needs a name, a known dtype "
+                  "(got %s) and a static shape of rank <= %d", what, i, dtype ? dtype : "none",
+                  MODELYARD_MAX_RANK);
+    }
+    for (d = 0; d < t[i].info.rank; d++) {
+      const cJSON* dim = cJSON_GetArrayItem(shape, d);
+      if (!cJSON_IsNumber(dim) || dim->valuedouble < 0) {
+        fail(MODELYARD_CORRUPT, "release.json: io.%s[%zu] (%s) has a dynamic dimension",
+             what, i, t[i].info.name);
+        free_tensors(t, i + 1);
+        return MODELYARD_CORRUPT;
+      }
+      t[i].info.shape[d] = (int64_t)dim->valuedouble;
+      elems *= (size_t)t[i].info.shape[d];
+    }
+    t[i].info.byte_size = elems * t[i].elem_size;
+  }
+  *out = t;
+  *count = n;
+  return MODELYARD_OK;
+}
+
+/* ------------------------------------------------------------------------------ choosing */
+static const my_backend_ops_t* tvm_backend(void** handle, char* why, size_t why_size) {
+  Dl_info self;
+  char path[4096];
+  const char* slash;
+  void* h;
+  my_tvm_entry_fn entry;
+  if (!dladdr((void*)&tvm_backend, &self) || !self.dli_fname) {
+    snprintf(why, why_size, "cannot locate libmodelyard itself (dladdr)");
+    return NULL;
+  }
+  slash = strrchr(self.dli_fname, '/');
+  snprintf(path, sizeof(path), "%.*slibmodelyard_tvm.so",
+           slash ? (int)(slash - self.dli_fname + 1) : 0, self.dli_fname);
+  h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(why, why_size, "the TVM backend is not loadable: %s", dlerror());
+    return NULL;
+  }
+  entry = (my_tvm_entry_fn)dlsym(h, MY_TVM_ENTRY);
+  if (!entry) {
+    snprintf(why, why_size, "%s has no %s", path, MY_TVM_ENTRY);
+    dlclose(h);
+    return NULL;
+  }
+  *handle = h;
+  return entry();
+}
+
+typedef struct {
+  char device[64];     /* HAL device or "cpu" */
+  char where[256];     /* for the explain text */
+  int tvm;
+} my_pick_t;
+
+/* NULL when this machine can run the artifact (pick filled), else why not. */
+static const char* why_not(const cJSON* art, const modelyard_options_t* o, my_pick_t* pick,
+                           char* why, size_t why_size) {
+  const cJSON* req = cJSON_GetObjectItemCaseSensitive(art, "requires");
+  const char* format = str(art, "format");
+  const char* backend = str(req, "backend");
+  const char* arch = str(req, "arch");
+  memset(pick, 0, sizeof(*pick));
+  if (!format || !req) return "release.json gives it no format or requires";
+  if (backend && strcmp(backend, "vulkan-spirv") == 0) {
+    char name[256] = "";
+    if (!my_iree_vulkan_device(name, sizeof(name), why, why_size)) return why;
+    if (strstr(name, "llvmpipe") && !o->allow_software_vulkan) {
+      snprintf(why, why_size, "the only Vulkan device is %s, a software rasterizer, not a GPU "
+               "(allow_software_vulkan / --allow-software-vulkan to use it anyway)", name);
+      return why;
+    }
+    snprintf(pick->device, sizeof(pick->device), "vulkan");
+    snprintf(pick->where, sizeof(pick->where), "Vulkan device %s (IREE vulkan)", name);
+    return NULL;
+  }
+  if (!arch) return "release.json gives it no requires.arch";
+  if (strcmp(arch, MY_ARCH) != 0) {
+    snprintf(why, why_size, "built for %s, this machine is %s", arch, MY_ARCH);
+    return why;
+  }
+  if (strcmp(format, "tvm-so") == 0) {
+    pick->tvm = 1;
+    snprintf(pick->device, sizeof(pick->device), "cpu");
+    snprintf(pick->where, sizeof(pick->where), "%s CPU (TVM runtime)", MY_ARCH);
+    return NULL;
+  }
+  if (strcmp(format, "iree-vmfb") != 0) {
+    snprintf(why, why_size, "format %s is not one this runtime loads", format);
+    return why;
+  }
+  snprintf(pick->device, sizeof(pick->device), "%s",
+           o->cpu_threads == 1 ? "local-sync" : (str(req, "hal_driver") ? str(req, "hal_driver") : "local-task"));
+  snprintf(pick->where, sizeof(pick->where), "%s CPU (IREE %s)", MY_ARCH, pick->device);
+  return NULL;
+}
+
+static void append(char** text, const char* fmt, ...) {
+  char line[1024];
+  size_t old = *text ? strlen(*text) : 0;
+  char* grown;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  grown = (char*)realloc(*text, old + strlen(line) + 1);
+  if (!grown) return;
+  memcpy(grown + old, line, strlen(line) + 1);
+  *text = grown;
+}
+
+static modelyard_status_t load_artifact(modelyard_model_t* m, const char* root, const char* abi,
+                                        const cJSON* art, const my_pick_t* pick,
+                                        const modelyard_options_t* o) {
+  const char* file = str(art, "file");
+  const char* sha = str(art, "sha256");
+  const char* entry = str(art, "entry");
+  char path[4096], why[MY_ERR_SIZE] = "";
+  size_t size = 0;
+  void* bytes;
+  my_load_args_t args;
+  modelyard_status_t status;
+  if (!file || !sha || !entry)
+    return fail(MODELYARD_CORRUPT, "release.json: artifact %s needs file, sha256 and entry", abi);
+  snprintf(path, sizeof(path), "%s/%s", root, file);
+  bytes = read_file(path, &size);
+  if (!bytes) return fail(MODELYARD_NOT_FOUND, "artifact %s: cannot read %s", abi, path);
+  if (o->verify_sha256) {
+    char hex[65];
+    my_sha256_hex(bytes, size, hex);
+    if (strcmp(hex, sha) != 0) {
+      free(bytes);
+      return fail(MODELYARD_CORRUPT, "artifact %s: %s has sha256 %s, release.json says %s "
+                  "(damaged or tampered: restore the released file)", abi, path, hex, sha);
+    }
+  }
+  if (pick->tvm) {
+    m->ops = tvm_backend(&m->plugin, why, sizeof(why));
+    if (!m->ops) {
+      free(bytes);
+      return fail(MODELYARD_UNAVAILABLE, "artifact %s: %s", abi, why);
+    }
+  } else {
+    m->ops = my_iree_backend();
+  }
+  args.path = path; args.bytes = bytes; args.size = size; args.entry = entry;
+  args.device = pick->device;
+  args.n_inputs = m->n_inputs; args.n_outputs = m->n_outputs;
+  args.inputs = m->inputs; args.outputs = m->outputs;
+  status = m->ops->load(&args, &m->state, why);
+  free(bytes);
+  if (status != MODELYARD_OK)
+    return fail(status == MODELYARD_RUNTIME_ERROR || status == MODELYARD_INVALID_ARGUMENT
+                    ? MODELYARD_INCOMPATIBLE : status,
+                "artifact %s (%s) does not load on %s: %s", abi, file, pick->where, why);
+  snprintf(m->abi, sizeof(m->abi), "%s", abi);
+  snprintf(m->backend_name, sizeof(m->backend_name), "%s", m->ops->name);
+  return MODELYARD_OK;
+}
+
+modelyard_status_t modelyard_open(const char* root, const char* name,
+                                  const modelyard_options_t* options, modelyard_model_t** out) {
+  modelyard_options_t defaults;
+  modelyard_model_t* m;
+  char path[4096];
+  size_t size = 0, i;
+  char* text;
+  cJSON *doc, *models, *model, *artifacts, *fallback, *io;
+  modelyard_status_t status = MODELYARD_OK;
+  int chosen = 0;
+  last_error[0] = 0;
+  if (!root || !name || !out) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_open: NULL argument");
+  *out = NULL;
+  if (!options) { modelyard_default_options(&defaults); options = &defaults; }
+  snprintf(path, sizeof(path), "%s/release.json", root);
+  text = (char*)read_file(path, &size);
+  if (!text) return fail(MODELYARD_NOT_FOUND, "cannot read %s (is %s an unpacked release?)", path, root);
+  doc = cJSON_ParseWithLength(text, size);
+  free(text);
+  if (!doc) return fail(MODELYARD_CORRUPT, "%s is not valid JSON", path);
+  models = cJSON_GetObjectItemCaseSensitive(doc, "models");
+  model = cJSON_GetObjectItemCaseSensitive(models, name);
+  if (!model) {
+    char names[1024] = "";
+    const cJSON* it;
+    cJSON_ArrayForEach(it, models) {
+      if (strlen(names) + strlen(it->string) + 3 < sizeof(names)) {
+        if (names[0]) strcat(names, ", ");
+        strcat(names, it->string);
+      }
+    }
+    cJSON_Delete(doc);
+    return fail(MODELYARD_NOT_FOUND, "no model %s in %s (it has: %s)", name, path, names);
+  }
+  m = (modelyard_model_t*)calloc(1, sizeof(*m));
+  if (!m) { cJSON_Delete(doc); return fail(MODELYARD_OUT_OF_MEMORY, "out of memory"); }
+  io = cJSON_GetObjectItemCaseSensitive(model, "io");
+  status = parse_tensors(cJSON_GetObjectItemCaseSensitive(io, "inputs"), "inputs", &m->inputs, &m->n_inputs);
+  if (status == MODELYARD_OK)
+    status = parse_tensors(cJSON_GetObjectItemCaseSensitive(io, "outputs"), "outputs", &m->outputs,
+                           &m->n_outputs);
+  artifacts = cJSON_GetObjectItemCaseSensitive(model, "artifacts");
+  fallback = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "target"), "fallback");
+  if (status == MODELYARD_OK && options->abi && !cJSON_GetObjectItemCaseSensitive(artifacts, options->abi)) {
+    char names[1024] = "";
+    const cJSON* it;
+    cJSON_ArrayForEach(it, artifacts) {
+      if (strlen(names) + strlen(it->string) + 3 < sizeof(names)) {
+        if (names[0]) strcat(names, ", ");
+        strcat(names, it->string);
+      }
+    }
+    status = fail(MODELYARD_NOT_FOUND, "no artifact %s for %s (it has: %s)", options->abi, name, names);
+  }
+  if (status == MODELYARD_OK) {
+    /* the order: the forced ABI; else the target's fallback order, then any other artifact */
+    const cJSON* order[64];
+    size_t n = 0, k;
+    const cJSON* it;
+    char* passed = NULL;
+    if (options->abi) {
+      order[n++] = cJSON_GetObjectItemCaseSensitive(artifacts, options->abi);
+    } else {
+      cJSON_ArrayForEach(it, fallback)
+        if (cJSON_IsString(it) && cJSON_GetObjectItemCaseSensitive(artifacts, it->valuestring) && n < 64)
+          order[n++] = cJSON_GetObjectItemCaseSensitive(artifacts, it->valuestring);
+      cJSON_ArrayForEach(it, artifacts) {
+        int seen = 0;
+        for (k = 0; k < n; k++) seen |= order[k] == it;
+        if (!seen && n < 64) order[n++] = it;
+      }
+    }
+    status = MODELYARD_INCOMPATIBLE;
+    for (k = 0; k < n && !chosen; k++) {
+      my_pick_t pick;
+      char why[MY_ERR_SIZE];
+      const char* abi = order[k]->string;
+      const char* reason = why_not(order[k], options, &pick, why, sizeof(why));
+      if (reason) {
+        append(&passed, "  passed over %s: %s\n", abi, reason);
+        if (options->abi)
+          status = fail(MODELYARD_INCOMPATIBLE, "artifact %s cannot run on this device: %s", abi, reason);
+        continue;
+      }
+      status = load_artifact(m, root, abi, order[k], &pick, options);
+      if (status != MODELYARD_OK) break;  /* a chosen artifact that fails is an error, never a silent switch */
+      chosen = 1;
+      append(&m->explain, "chose %s (%s) on %s%s\n", abi, str(order[k], "file"), pick.where,
+             options->abi ? " [forced]" : "");
+      if (passed) append(&m->explain, "%s", passed);
+    }
+    if (!chosen && status == MODELYARD_INCOMPATIBLE && !options->abi)
+      status = fail(MODELYARD_INCOMPATIBLE, "no artifact of %s can run on this device:\n%s", name,
+                    passed ? passed : "  (no artifacts)\n");
+    free(passed);
+  }
+  cJSON_Delete(doc);
+  if (status == MODELYARD_OK) {
+    m->input_data = (void**)calloc(m->n_inputs, sizeof(void*));
+    m->output_data = (void**)calloc(m->n_outputs, sizeof(void*));
+    for (i = 0; m->input_data && i < m->n_inputs; i++)
+      if (!(m->input_data[i] = calloc(1, m->inputs[i].info.byte_size + 1))) status = MODELYARD_OUT_OF_MEMORY;
+    for (i = 0; m->output_data && i < m->n_outputs; i++)
+      if (!(m->output_data[i] = calloc(1, m->outputs[i].info.byte_size + 1))) status = MODELYARD_OUT_OF_MEMORY;
+    if (!m->input_data || !m->output_data) status = MODELYARD_OUT_OF_MEMORY;
+    if (status != MODELYARD_OK) fail(status, "out of memory for the model's tensors");
+  }
+  if (status != MODELYARD_OK) {
+    modelyard_close(m);
+    return status;
+  }
+  *out = m;
+  return MODELYARD_OK;
+}
+
+void modelyard_close(modelyard_model_t* m) {
+  size_t i;
+  if (!m) return;
+  if (m->ops && m->state) m->ops->destroy(m->state);
+  if (m->plugin) dlclose(m->plugin);
+  for (i = 0; m->input_data && i < m->n_inputs; i++) free(m->input_data[i]);
+  for (i = 0; m->output_data && i < m->n_outputs; i++) free(m->output_data[i]);
+  free(m->input_data); free(m->output_data);
+  free_tensors(m->inputs, m->n_inputs); free_tensors(m->outputs, m->n_outputs);
+  free(m->explain);
+  free(m);
+}
+
+const char* modelyard_explain(const modelyard_model_t* m) { return m && m->explain ? m->explain : ""; }
+const char* modelyard_abi(const modelyard_model_t* m) { return m ? m->abi : ""; }
+const char* modelyard_backend(const modelyard_model_t* m) { return m ? m->backend_name : ""; }
+size_t modelyard_input_count(const modelyard_model_t* m) { return m ? m->n_inputs : 0; }
+size_t modelyard_output_count(const modelyard_model_t* m) { return m ? m->n_outputs : 0; }
+
+static modelyard_status_t info(const my_tensor_t* t, size_t n, size_t i, const char* what,
+                               modelyard_tensor_info_t* out) {
+  if (!t || !out) return fail(MODELYARD_INVALID_ARGUMENT, "%s info: NULL argument", what);
+  if (i >= n) return fail(MODELYARD_INVALID_ARGUMENT, "%s %zu: the model has %zu", what, i, n);
+  *out = t[i].info;
+  return MODELYARD_OK;
+}
+
+modelyard_status_t modelyard_input_info(const modelyard_model_t* m, size_t i, modelyard_tensor_info_t* out) {
+  return info(m ? m->inputs : NULL, m ? m->n_inputs : 0, i, "input", out);
+}
+
+modelyard_status_t modelyard_output_info(const modelyard_model_t* m, size_t i, modelyard_tensor_info_t* out) {
+  return info(m ? m->outputs : NULL, m ? m->n_outputs : 0, i, "output", out);
+}
+
+modelyard_status_t modelyard_set_input(modelyard_model_t* m, size_t i, const void* data, size_t bytes) {
+  if (!m || !data) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_set_input: NULL argument");
+  if (i >= m->n_inputs)
+    return fail(MODELYARD_INVALID_ARGUMENT, "input %zu: the model has %zu inputs", i, m->n_inputs);
+  if (bytes != m->inputs[i].info.byte_size)
+    return fail(MODELYARD_INVALID_ARGUMENT, "input %zu (%s): got %zu bytes, expected %zu (%s, %zu elements)",
+                i, m->inputs[i].info.name, bytes, m->inputs[i].info.byte_size,
+                m->inputs[i].info.dtype_name, m->inputs[i].info.byte_size / m->inputs[i].elem_size);
+  memcpy(m->input_data[i], data, bytes);
+  return MODELYARD_OK;
+}
+
+modelyard_status_t modelyard_run(modelyard_model_t* m) {
+  char err[MY_ERR_SIZE] = "";
+  modelyard_status_t status;
+  if (!m) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_run: NULL model");
+  status = m->ops->run(m->state, (const void* const*)m->input_data, m->output_data, &m->timing, err);
+  if (status != MODELYARD_OK) return fail(status, "%s: running %s: %s", m->abi, m->backend_name, err);
+  m->ran = 1;
+  return MODELYARD_OK;
+}
+
+modelyard_status_t modelyard_get_output(const modelyard_model_t* m, size_t i, void* data, size_t bytes) {
+  if (!m || !data) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_get_output: NULL argument");
+  if (i >= m->n_outputs)
+    return fail(MODELYARD_INVALID_ARGUMENT, "output %zu: the model has %zu outputs", i, m->n_outputs);
+  if (!m->ran) return fail(MODELYARD_INVALID_ARGUMENT, "output %zu: modelyard_run has not run yet", i);
+  if (bytes != m->outputs[i].info.byte_size)
+    return fail(MODELYARD_INVALID_ARGUMENT, "output %zu (%s): got room for %zu bytes, it has %zu",
+                i, m->outputs[i].info.name, bytes, m->outputs[i].info.byte_size);
+  memcpy(data, m->output_data[i], bytes);
+  return MODELYARD_OK;
+}
+
+modelyard_status_t modelyard_last_timing(const modelyard_model_t* m, modelyard_timing_t* out) {
+  if (!m || !out) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_last_timing: NULL argument");
+  *out = m->timing;
+  return MODELYARD_OK;
+}

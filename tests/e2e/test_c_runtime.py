@@ -1,0 +1,280 @@
+"""The board-side C runtime (runtime/, stage `runtime`): built by the graph, shipped in the release,
+checked as shipped: x86_64 natively, aarch64 under qemu-user, IREE and TVM artifacts.
+
+One module-scoped workspace: a tiny model built for host and rk3588 (CPU ABIs only, no compiler
+choice slot, so that both the IREE and the TVM artifact ship), released for both targets (which
+builds the runtime once per architecture). A second x86_64 build in another folder proves the
+build reproducible.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO, Workspace, add_tiny_model, require, require_aarch64
+
+QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu", "-cpu", "cortex-a76"]
+
+
+def registry(folder: Path) -> Path:
+    """host and rk3588 with their CPU ABIs only and no compiler-choice slot: every ABI ships."""
+    folder.mkdir(parents=True)
+    for name in ("host", "rk3588"):
+        doc = yaml.safe_load((REPO / "pipeline/targets" / f"{name}.yaml").read_text())
+        doc["abis"] = {k: v for k, v in doc["abis"].items() if v.get("backend") != "vulkan-spirv"}
+        doc["fallback"] = [a for a in doc.get("fallback", doc["abis"]) if a in doc["abis"]]
+        doc.pop("ship", None)
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory) -> dict:
+    require(shutil.which("qemu-aarch64-static") is not None, "qemu-user-static is missing (setup.sh)")
+    require_aarch64()
+    root = tmp_path_factory.mktemp("c_runtime")
+    ws = Workspace(root / "ws")
+    add_tiny_model(ws.models, "alpha", seed=3)
+    targets = registry(root / "targets")
+    key = root / "key.pem"
+    assert ws.doit("keygen", f"key={key}").returncode == 0
+    out = {"ws": ws, "key": key, "targets": targets}
+    for target in ("host", "rk3588"):
+        result = ws.doit("release", f"target={target}", "version=1.0.0", f"key={key}", f"targets={targets}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        out[target] = ws.artifacts / "releases" / target / "1.0.0"
+    return out
+
+
+def cli(release: Path, arch: str, *args: str, cwd: Path | None = None,
+        exe_from: Path | None = None) -> subprocess.CompletedProcess:
+    """modelyard-run of `arch` from the release `exe_from` (default: the release it opens)."""
+    exe = (exe_from or release) / "runtime" / arch / "bin" / "modelyard-run"
+    argv = ([*QEMU, str(exe)] if arch == "aarch64" else [str(exe)]) + [str(release), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def abis(release: Path, model: str = "alpha") -> dict:
+    return json.loads((release / "release.json").read_text())["models"][model]["artifacts"]
+
+
+# ----------------------------------------------------------------------------- as shipped
+def test_bundle_layout_sbom_and_verify(releases):
+    rel = releases["rk3588"]
+    doc = json.loads((rel / "release.json").read_text())
+    for name in ("lib/libmodelyard.so", "lib/libmodelyard_tvm.so", "lib/libtvm_runtime.so",
+                 "lib/libtvm_ffi.so", "lib/pkgconfig/modelyard.pc", "lib/cmake/modelyard/modelyardConfig.cmake",
+                 "bin/modelyard-run"):
+        assert (rel / "runtime" / "aarch64" / name).is_file(), name
+    assert (rel / "runtime/include/modelyard.h").is_file()
+    assert {"iree-LICENSE", "flatcc-LICENSE", "cjson-LICENSE", "vulkan-headers-LICENSE.md",
+            "apache-tvm-LICENSE"} <= {p.name for p in (rel / "runtime/licenses").iterdir()}
+    assert doc["runtime"]["aarch64"]["iree"]["commit"] == "b48a5955575cf8924ffc191f3b0804976e5738b9"
+    assert doc["models"]["alpha"]["test_vectors"]["inputs"] == ["tests/alpha/input_0.npy"]
+    elf = (rel / "runtime/aarch64/lib/libmodelyard.so").read_bytes()
+    assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 183  # EM_AARCH64
+    sbom = json.loads((rel / "sbom.cdx.json").read_text())
+    by_name = {c["name"]: c for c in sbom["components"]}
+    lib = by_name["runtime/aarch64/lib/libmodelyard.so"]
+    assert lib["hashes"][0]["content"] == hashlib_sha256(rel / "runtime/aarch64/lib/libmodelyard.so")
+    assert "b48a5955575cf8924ffc191f3b0804976e5738b9" in by_name["iree-runtime"]["purl"]
+    manifest = json.loads((rel / "manifest.json").read_text())["files"]
+    assert "runtime/aarch64/bin/modelyard-run" in manifest and "tests/alpha/output_0.npy" in manifest
+    ws = releases["ws"]
+    ok = ws.doit("verify", f"bundle={rel}", f"pubkey={releases['key']}.pub")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    with tarfile.open(rel / "modelyard-rk3588-1.0.0.tar.gz") as tar:
+        mode = tar.getmember("modelyard-rk3588-1.0.0/runtime/aarch64/bin/modelyard-run").mode
+    assert mode == 0o755
+
+
+def hashlib_sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_x86_64_check_every_cpu_artifact(releases):
+    rel = releases["host"]
+    assert set(abis(rel)) == {"cpu-x86_64", "cpu-x86_64-tvm"}
+    for abi in abis(rel):
+        r = cli(rel, "x86_64", "alpha", "--check", "--abi", abi)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"chose {abi}" in r.stdout and "PASS" in r.stdout and "FAIL" not in r.stdout
+
+
+def test_aarch64_check_every_cpu_artifact_under_qemu(releases):
+    rel = releases["rk3588"]
+    assert set(abis(rel)) == {"cpu-aarch64", "cpu-aarch64-tvm"}
+    for abi in abis(rel):
+        r = cli(rel, "aarch64", "alpha", "--check", "--abi", abi)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "aarch64 CPU" in r.stdout and "PASS" in r.stdout and "FAIL" not in r.stdout
+    r = cli(rel, "aarch64", "alpha")  # no --abi: the fallback order's first
+    assert r.returncode == 0 and r.stdout.startswith("chose cpu-aarch64 "), r.stdout + r.stderr
+
+
+def test_check_fails_outside_the_tolerance(releases, tmp_path):
+    rel = shutil.copytree(releases["host"], tmp_path / "rel")
+    golden = rel / "tests/alpha/output_0.npy"
+    data = np.load(golden)
+    golden.chmod(0o644)
+    np.save(golden, data + 0.5)
+    r = cli(rel, "x86_64", "alpha", "--check", "--abi", "cpu-x86_64")
+    assert r.returncode == 1 and "FAIL" in r.stdout, r.stdout + r.stderr
+
+
+def test_bench_separates_invoke_from_copies(releases):
+    r = cli(releases["host"], "x86_64", "alpha", "--bench", "20", "--abi", "cpu-x86_64")
+    assert r.returncode == 0, r.stderr
+    for line in ("per call", "invoke (inside the runtime)", "boundary copies", "peak memory"):
+        assert line in r.stdout
+    p50 = [float(x) for x in re.findall(r"p50 ([0-9.]+) ms", r.stdout)]
+    assert len(p50) == 3 and p50[1] <= p50[0]
+
+
+# ----------------------------------------------------------------------------- clear errors
+def test_errors_are_statuses_with_messages(releases, tmp_path):
+    rel = shutil.copytree(releases["host"], tmp_path / "rel")
+    vmfb = rel / abis(rel)["cpu-x86_64"]["file"]
+    r = cli(rel, "x86_64", "nope")
+    assert r.returncode == 3 and "NOT_FOUND" in r.stderr and "no model nope" in r.stderr and "alpha" in r.stderr
+    r = cli(rel, "x86_64", "alpha", "--abi", "cpu-riscv")
+    assert r.returncode == 3 and "no artifact cpu-riscv" in r.stderr
+    # an artifact for another device: the rk3588 release on this x86_64 machine
+    r = cli(releases["rk3588"], "x86_64", "alpha", exe_from=releases["host"])
+    assert r.returncode == 3 and "INCOMPATIBLE" in r.stderr, r.stderr
+    assert "built for aarch64, this machine is x86_64" in r.stderr
+    # a tampered artifact: one byte flipped
+    vmfb.chmod(0o644)
+    data = bytearray(vmfb.read_bytes())
+    data[len(data) // 2] ^= 1
+    vmfb.write_bytes(bytes(data))
+    r = cli(rel, "x86_64", "alpha", "--abi", "cpu-x86_64")
+    assert r.returncode == 3 and "CORRUPT" in r.stderr and "tampered" in r.stderr, r.stderr
+    # a missing file
+    vmfb.unlink()
+    r = cli(rel, "x86_64", "alpha", "--abi", "cpu-x86_64")
+    assert r.returncode == 3 and "NOT_FOUND" in r.stderr and "cannot read" in r.stderr, r.stderr
+
+
+class Info(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("dtype_name", ctypes.c_char_p),
+                ("rank", ctypes.c_int), ("shape", ctypes.c_int64 * 8), ("byte_size", ctypes.c_size_t)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("abi", ctypes.c_char_p), ("allow_software_vulkan", ctypes.c_int),
+                ("cpu_threads", ctypes.c_int), ("verify_sha256", ctypes.c_int)]
+
+
+def library(release: Path):
+    lib = ctypes.CDLL(str(release / "runtime/x86_64/lib/libmodelyard.so"))
+    lib.modelyard_last_error.restype = ctypes.c_char_p
+    lib.modelyard_explain.restype = ctypes.c_char_p
+    lib.modelyard_iree_commit.restype = ctypes.c_char_p
+    return lib
+
+
+def open_model(lib, release: Path, abi: str):
+    model = ctypes.c_void_p()
+    opts = Options()
+    lib.modelyard_default_options(ctypes.byref(opts))
+    opts.abi = abi.encode()
+    status = lib.modelyard_open(str(release).encode(), b"alpha", ctypes.byref(opts), ctypes.byref(model))
+    assert status == 0, lib.modelyard_last_error()
+    return model
+
+
+def run_c(lib, model, x: np.ndarray) -> np.ndarray:
+    out = Info()
+    assert lib.modelyard_output_info(model, ctypes.c_size_t(0), ctypes.byref(out)) == 0
+    x = np.ascontiguousarray(x)
+    assert lib.modelyard_set_input(model, ctypes.c_size_t(0), x.ctypes.data_as(ctypes.c_void_p),
+                                   ctypes.c_size_t(x.nbytes)) == 0, lib.modelyard_last_error()
+    assert lib.modelyard_run(model) == 0, lib.modelyard_last_error()
+    y = np.empty(tuple(out.shape[:out.rank]), np.float32)
+    assert lib.modelyard_get_output(model, ctypes.c_size_t(0), y.ctypes.data_as(ctypes.c_void_p),
+                                    ctypes.c_size_t(y.nbytes)) == 0
+    return y
+
+
+def test_wrong_input_size_is_a_clear_status(releases):
+    rel = releases["host"]
+    lib = library(rel)
+    for abi in ("cpu-x86_64", "cpu-x86_64-tvm"):
+        model = open_model(lib, rel, abi)
+        buf = np.zeros(10, np.float32)
+        status = lib.modelyard_set_input(model, ctypes.c_size_t(0), buf.ctypes.data_as(ctypes.c_void_p),
+                                         ctypes.c_size_t(buf.nbytes))
+        assert status == 1  # MODELYARD_INVALID_ARGUMENT
+        assert b"got 40 bytes, expected 3072 (float32, 768 elements)" in lib.modelyard_last_error()
+        assert lib.modelyard_set_input(model, ctypes.c_size_t(5), buf.ctypes.data_as(ctypes.c_void_p),
+                                       ctypes.c_size_t(40)) == 1
+        assert b"the model has 1 inputs" in lib.modelyard_last_error()
+        lib.modelyard_close(model)
+
+
+# ----------------------------------------------------------------------------- IREE: pinned and proven
+def test_hal_version_gate_and_vendored_equals_wheel(releases):
+    """A .vmfb imports `hal` at some version; the vendored runtime must provide at least it, and
+    compute exactly what the wheel's runtime (the compiler's version) computes."""
+    import iree.runtime as ireert
+    rel = releases["host"]
+    vmfb = rel / abis(rel)["cpu-x86_64"]["file"]
+    dump = subprocess.run([str(Path(ireert.__file__).parent.parent / "_runtime_libs" / "iree-dump-module"),
+                           str(vmfb)], capture_output=True, text=True, check=True).stdout
+    needed = re.search(r"\bhal\b.*?version\s*>=\s*(\d+)", dump, re.S)
+    assert needed, dump[:2000]
+    lib = library(rel)
+    built = json.loads((rel / "release.json").read_text())["runtime"]["x86_64"]["iree"]
+    assert lib.modelyard_iree_hal_version() == built["hal_module_version"]
+    assert int(needed[1]) <= lib.modelyard_iree_hal_version(), (needed[0], built)
+    assert lib.modelyard_iree_commit().decode() == built["commit"]
+    x = np.load(rel / "tests/alpha/input_0.npy")
+    model = open_model(lib, rel, "cpu-x86_64")
+    ours = run_c(lib, model, x)
+    lib.modelyard_close(model)
+    wheel = ireert.load_vm_flatbuffer_file(str(vmfb), driver="local-task")
+    theirs = np.asarray(wheel[abis(rel)["cpu-x86_64"]["entry"]](x))
+    assert ours.tobytes() == theirs.tobytes()  # bit-exact
+
+
+# ----------------------------------------------------------------------------- the example
+def test_docs_example_builds_and_runs(releases, tmp_path):
+    text = (REPO / "docs/runtime.md").read_text()
+    block = re.search(r"```c\n(.*?)```", text, re.S)[1]
+    assert block == (REPO / "runtime/example/example.c").read_text()
+    assert 30 <= len(block.splitlines()) <= 50
+    rel = releases["host"]
+    (tmp_path / "example.c").write_text(block)
+    env = {"PKG_CONFIG_PATH": str(rel / "runtime/x86_64/lib/pkgconfig"), "PATH": "/usr/bin:/bin"}
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "modelyard"], capture_output=True,
+                           text=True, env=env, check=True).stdout.split()
+    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", str(tmp_path / "example.c"), "-o",
+                    str(tmp_path / "example"), *flags], check=True, capture_output=True)
+    r = subprocess.run([str(tmp_path / "example"), str(rel), "alpha"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("chose cpu-x86_64 "), r.stdout + r.stderr
+    assert re.search(r"\[0\] = -?[0-9.e+-]+\n", r.stdout)
+
+
+# ----------------------------------------------------------------------------- reproducible
+def test_two_builds_give_identical_bytes(releases, tmp_path):
+    """The same sources built again in another folder (other absolute paths): the same bytes."""
+    first = releases["ws"].artifacts / "runtime" / "x86_64"
+    ws = Workspace(tmp_path / "other")
+    add_tiny_model(ws.models, "alpha", seed=3)
+    r = ws.doit("runtime", "target=host", f"targets={releases['targets']}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    second = ws.artifacts / "runtime" / "x86_64"
+    assert (first / "runtime.tar").read_bytes() == (second / "runtime.tar").read_bytes()
+    assert (first / "runtime.json").read_bytes() == (second / "runtime.json").read_bytes()
+    assert (ws.artifacts / "logs/runtime/x86_64.log").is_file()
