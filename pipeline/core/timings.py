@@ -26,20 +26,19 @@ WORKED = ("ran", "failed")  # steps whose time was spent on work (not restored, 
 _children_peak_kb = 0  # the largest ru_maxrss of a tool finished inside the current meter
 
 
-def own_rss_kb() -> int:
-    """This process's resident set now (kB), or 0 where /proc is missing."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    except (OSError, ValueError, IndexError):
-        return 0
+def own_peak_kb() -> int:
+    """The largest resident set this process has had (kB): its high-water mark."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def note_child(usage, parent_rss_kb: int) -> None:
-    """Called by tools._stream with the rusage of each tool it waited for. Linux counts the
-    size of the process that forked the tool into the tool's peak, so a peak that is not above
-    `parent_rss_kb` (ours when it started) says nothing of the tool itself and is not counted."""
+def note_child(usage, parent_peak_kb: int) -> None:
+    """Called by tools._stream with the rusage of each tool it waited for. Linux starts a
+    forked child's peak at the size of the process that forked it, so a peak that is not above
+    `parent_peak_kb` (our own high-water mark, which bounds our size at the fork) says nothing of
+    the tool itself and is not counted."""
     global _children_peak_kb
-    if usage.ru_maxrss > parent_rss_kb:
+    if usage.ru_maxrss > parent_peak_kb:
         _children_peak_kb = max(_children_peak_kb, int(usage.ru_maxrss))
 
 

@@ -26,7 +26,7 @@ from typing import Callable
 from .errors import PipelineError
 from .layout import REPO
 from .store import sha256_file
-from .timings import note_child, own_rss_kb
+from .timings import note_child, own_peak_kb
 
 # Python distributions whose version is part of a step key when the step uses them.
 DISTRIBUTIONS = ("onnx", "onnxsim", "onnxruntime", "numpy", "iree-base-compiler",
@@ -175,7 +175,6 @@ def _stream(argv: list[str], out, cwd, env, timeout, on_line) -> tuple[int, str,
     """Run the child in a process group of its own, copying each output line to `out` (and to
     `on_line`) as it comes; the whole group is killed on timeout or on an exception here
     (Ctrl-C): a compiler's own children do not outlive it. Returns (exit code, output, timed out)."""
-    parent_rss_kb = own_rss_kb()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", process_group=0)
@@ -204,7 +203,7 @@ def _stream(argv: list[str], out, cwd, env, timeout, on_line) -> tuple[int, str,
                 on_line(line.rstrip("\n"))
         _, status, usage = os.wait4(proc.pid, 0)  # wait() with the child's rusage (peak memory)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
-        note_child(usage, parent_rss_kb)
+        note_child(usage, own_peak_kb())
     except BaseException:
         kill()
         proc.wait()
