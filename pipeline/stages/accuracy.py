@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..core.steps import StageConfig, Step
 from ..run.ort import reduced_session, session, variant_feeds
 from ..spec.variants import IO_DTYPES, PRECISIONS, full_name
-from .plan import static_model, variant_inputs, variant_preprocessing, variant_tools
+from .model_files import static_model, variant_inputs, variant_preprocessing, variant_tools
 from .quantize import Samples, sample_inputs_problems
 
 VERSION = 1

@@ -13,7 +13,7 @@ from ..core.store import pretty_json
 from ..run.ort import reduced_session, session, variant_feeds
 from ..spec.sources import GOLDEN, source_files
 from ..spec.variants import IO_DTYPES, full_name
-from .plan import outputs_for, static_model, variant_inputs, variant_preprocessing, variant_tools
+from .model_files import outputs_for, static_model, variant_inputs, variant_preprocessing, variant_tools
 from .quantize import Samples, sample_inputs_problems
 
 VERSION = 1

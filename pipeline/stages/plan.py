@@ -18,8 +18,8 @@ from pathlib import Path
 from ..compilers.backends import backend_named, backend_of
 from ..core.store import atomic_write_text, canonical_json, sha256_text
 from ..spec.variants import FP16_FEATURES, full_name
-
-ENTRY = "main"  # the compiled entry point of every artifact
+from .model_files import (ENTRY, golden_files, outputs_for, static_model,  # noqa: F401 (callers' names)
+                          variant_inputs, variant_preprocessing, variant_tools)
 
 
 def compilers(target) -> dict:
@@ -97,23 +97,6 @@ def proxy_pairs(project):
 
 
 # ----------------------------------------------------------------------------- files
-def static_model(layout, model) -> Path:
-    return layout.model_stage(model.name, "static") / "model.onnx"
-
-
-def outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
-    """The golden step's files: golden.json, input_<i>.npy, output_<k>.npy."""
-    return (("golden.json",) + tuple(f"input_{i}.npy" for i in range(n_inputs))
-            + tuple(f"output_{k}.npy" for k in range(n_outputs)))
-
-
-def golden_files(layout, model) -> dict:
-    folder = layout.model_stage(model.name, "golden")
-    n_out = len(model.signature["outputs"])
-    files = {"golden.json": folder / "golden.json"}
-    for name in outputs_for(len(model.inputs), n_out)[1:]:
-        files[f"golden:{name}"] = folder / name
-    return files
 
 
 def abi_step_name(model, target, abi) -> str:
@@ -171,14 +154,3 @@ def vulkan_target_record(target: str, features: str | None, memo_dir: Path | Non
     return record
 
 
-def variant_inputs(model) -> list[dict]:
-    return [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in model.inputs]
-
-
-def variant_preprocessing(model) -> dict:
-    return {k: p.as_dict() for k, p in sorted(model.preprocessing.items())}
-
-
-def variant_tools(v) -> tuple:
-    return ("onnx", "onnxruntime", "numpy") + (
-        ("pillow",) if "image" in (v.evaluation.kind, getattr(v.calibration, "kind", None)) else ())

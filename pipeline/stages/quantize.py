@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
 from ..spec.variants import IO_DTYPES, METHODS, PRECISIONS, full_name
-from .plan import static_model, variant_inputs, variant_preprocessing, variant_tools
+from .model_files import static_model, variant_inputs, variant_preprocessing, variant_tools
 
 VERSION = 1
 OUTPUTS = {"int8": ("model.onnx", "quantize.json", "calibration.json"),

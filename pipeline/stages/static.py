@@ -35,7 +35,7 @@ from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
 from ..run.ort import session
 from .fold import dynamic_tensors, left_control_flow
-from .plan import ENTRY, golden_files
+from .model_files import ENTRY, golden_files
 from .rewrites import _dims, reflect_pads_as_gathers, subgraphs  # noqa: F401 (tests call static.reflect_pads_as_gathers)
 
 # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather

@@ -48,13 +48,17 @@ def doit(ws: Workspace, *args: str, driver: tuple = (), env=None, preexec=None):
 # --- 1. the code that made an output is part of its key ------------------------------------------
 
 def test_editing_a_helper_reruns_exactly_the_steps_that_import_it(tmp_path):
-    """pipeline/run/vulkan.py is imported by the validate and choose stages only: an edit there
-    re-runs those steps (and the manifest, which reads the validate steps' records), and nothing
-    before them; every artifact and validation result keeps its bytes."""
+    """pipeline/run/vulkan.py is in the code of the steps that compile or run artifacts (validate,
+    choose; and, since the backend registry holds each backend's runners, coverage and the compile
+    steps, which ask the registry which ABIs a model is built for): an edit there re-runs those
+    steps (and the manifest), never a model's import, golden or static step; every artifact and
+    validation result keeps its bytes."""
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "pipeline", repo / "pipeline",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "dodo.py", repo / "dodo.py")
+    for sources in ("runtime", "third_party"):  # the C runtime stage's inputs (a checkout has them)
+        shutil.copytree(REPO / sources, repo / sources)
     ws = Workspace(tmp_path / "ws")
     add_tiny_model(ws.models, "alpha", seed=1)
 
@@ -71,14 +75,18 @@ def test_editing_a_helper_reruns_exactly_the_steps_that_import_it(tmp_path):
     helper = repo / "pipeline" / "run" / "vulkan.py"
     helper.write_text(helper.read_text() + "\n# an edit that changes no behaviour\n")
     rerun = ran(build())
-    assert rerun == ["choose:host/alpha", "manifest:host", "validate:host/alpha/cpu-x86_64",
-                     "validate:host/alpha/cpu-x86_64-tvm"]
+    assert rerun == ["choose:host/alpha", "coverage:host/alpha", "iree_compile:host/alpha/cpu-x86_64",
+                     "manifest:host", "tvm_compile:host/alpha/cpu-x86_64-tvm",
+                     "validate:host/alpha/cpu-x86_64", "validate:host/alpha/cpu-x86_64-tvm"]
     after = snapshot(ws.artifacts)
     assert after.keys() == before.keys()
     changed = sorted(k for k in after if after[k] != before[k])
     # only the records of the re-run steps (their keys hold the new code digest) and the
     # manifest that lists those keys
-    assert changed == ["host/alpha/choose/step.json", "host/alpha/cpu-x86_64-tvm/validate/step.json",
+    assert changed == ["host/alpha/choose/step.json", "host/alpha/coverage/step.json",
+                       "host/alpha/cpu-x86_64-tvm/tvm_compile/step.json",
+                       "host/alpha/cpu-x86_64-tvm/validate/step.json",
+                       "host/alpha/cpu-x86_64/iree_compile/step.json",
                        "host/alpha/cpu-x86_64/validate/step.json", "host/manifest.json",
                        "host/step.json"]
 
