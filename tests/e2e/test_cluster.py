@@ -132,14 +132,15 @@ def test_a_build_on_two_workers_is_byte_identical_and_survives_a_killed_worker(t
     add_tiny_model(ws.models, "tiny", seed=31)
     build = subprocess.Popen(cluster.build_argv(ws, "build", "target=host", targets), cwd=ws.root,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # the first compile to start on a worker: that worker is killed a second into it
+    # the first compile to start on a worker: that worker is killed as soon as the step's log
+    # appears (written when the step starts, seconds before the compiler ends even on a fast
+    # machine: no wait that a quick compile could outrun)
     deadline, victim = time.monotonic() + 300, None
     while victim is None and build.poll() is None and time.monotonic() < deadline:
         logs = sorted(cluster.workers.glob("*/*/artifacts/logs/*_compile/*.log"))
         if logs:
             victim = logs[0].relative_to(cluster.workers).parts[0]
             killed_log = logs[0].relative_to(logs[0].parents[1])  # <stage>/<step>.log
-            time.sleep(1.0)
             cluster.kill(victim)
         time.sleep(0.05)
     out, err = build.communicate(timeout=600)
