@@ -7,7 +7,8 @@
 #   3. the aarch64 IREE runtime of the same version, unpacked into .tools/ (run under qemu-user);
 #   4. an aarch64 Python (Debian arm64 packages, unpacked: no dpkg state is touched) with the
 #      aarch64 TVM wheel of the same version, in .tools/: runs TVM artifacts and the TVM RPC
-#      server under qemu-user.
+#      server under qemu-user;
+#   5. RKNN-Toolkit2 (the RK3588 NPU's converter and simulator) in its own venv, .tools/rknn-venv.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -116,4 +117,29 @@ WRAPPER
   mkdir -p .tools && rm -rf "$tvm_dest" && mv "$ttmp/out" "$tvm_dest"
 fi
 
-say "ready: $(.venv/bin/python --version), iree $version, tvm $tvm_version, $(qemu-aarch64-static --version | head -1)"
+# --- 5. RKNN-Toolkit2 (the RK3588 NPU backend) in its own venv --------------------------------
+# Its pins (numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4, torch<=2.4.0) clash with .venv's. The
+# lightest install that works (docs/npu.md): the toolkit without its declared requirements, then
+# what it imports: torch only at module load (no ONNX code path calls it), so the CPU torch wheel
+# this machine keeps on disk (2.13.0+cpu; pip warns that it is outside the pin) instead of a 2.4
+# build that pulls GBs of CUDA packages; opencv headless; onnxruntime (its ONNX checks run it);
+# setuptools < 81 (it imports pkg_resources). pipeline/stages/rknn_compile.py runs it as a child.
+RKNN_PINS=(rknn-toolkit2==2.5.0)
+RKNN_DEPS=(numpy==1.26.4 onnx==1.18.0 protobuf==4.25.4 onnxruntime==1.19.2 torch==2.13.0
+           scipy==1.17.1 psutil==7.2.2 ruamel.yaml==0.19.1 tqdm==4.70.1 fast-histogram==0.14
+           opencv-python-headless==4.11.0.86 setuptools==80.9.0)
+rknn_venv=.tools/rknn-venv
+rknn_want=$(printf '%s\n' "$PYTHON" "${RKNN_PINS[@]}" "${RKNN_DEPS[@]}" | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$rknn_venv/.modelyard-installed" 2>/dev/null)" != "$rknn_want" ]; then
+  say "creating $rknn_venv (RKNN-Toolkit2 ${RKNN_PINS[0]#*==}, its own pins)"
+  rm -rf "$rknn_venv" && mkdir -p .tools
+  rlog=.tools/rknn-install.log
+  { "$PYTHON" -m venv "$rknn_venv" &&
+    "$rknn_venv/bin/python" -m pip install --disable-pip-version-check --no-deps "${RKNN_PINS[@]}" &&
+    "$rknn_venv/bin/python" -m pip install --disable-pip-version-check "${RKNN_DEPS[@]}" &&
+    "$rknn_venv/bin/python" -c 'from rknn.api import RKNN'; } >"$rlog" 2>&1 ||
+    { tail -40 "$rlog" >&2; echo "setup: RKNN-Toolkit2 install failed; full log: $rlog" >&2; exit 1; }
+  echo "$rknn_want" > "$rknn_venv/.modelyard-installed"
+fi
+
+say "ready: $(.venv/bin/python --version), iree $version, tvm $tvm_version, rknn-toolkit2 ${RKNN_PINS[0]#*==}, $(qemu-aarch64-static --version | head -1)"

@@ -1,6 +1,6 @@
 """What a backend is: one compiler and the runtime of its artifacts, answering every question the
 stages, the runners and the commands ask about it. One module per backend (iree_backend.py,
-tvm_backend.py) exports one `Backend`; the table of them is backends.py (`BACKENDS`, shown beside
+tvm_backend.py, rknn_backend.py) exports one `Backend`; the table of them is backends.py (`BACKENDS`, shown beside
 the stages by pipeline/graph). Callers ask the object (`backend_of(abi).format`); no code outside
 a backend's own module compares its name (tests/unit/test_architecture.py checks it).
 """
@@ -36,6 +36,17 @@ class Backend:
     #   timer(artifact, entry, device, threads) -> a run/timing.py runner
     timer: Callable[[Path, str, str, int], object]
     runner_key: Callable[[str], str]   # the device an artifact was validated on -> bench's RUNNERS key
+    # Optional answers (the defaults fit IREE and TVM):
+    #   validation_tolerance(abi, precision) -> (the tolerance vs golden, where it is declared),
+    #   or None: the model's or variant's own; validation_inputs(compiled folder, outputs) -> more
+    #   files the validate step reads from the compile step; variant_skip(abi, variant) -> why
+    #   the backend does not build that precision variant (None: it does).
+    validation_tolerance: Callable = lambda abi, precision: None
+    validation_inputs: Callable[[Path, int], dict] = lambda compiled, n_outputs: {}
+    variant_skip: Callable = lambda abi, variant: None
+    timeable: bool = True       # its artifacts can be timed on this machine (bench, search, choose)
+    # A release's `requires` of an artifact (a manifest entry): the runtime the board needs.
+    release_runtime: Callable[[dict], dict] = lambda art: {}
 
     def builds(self, abi) -> bool:
         """Whether this backend builds the ABI (the ABI's `compiler:` names it)."""

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from .backend import Backend
 from .iree_backend import IREE
+from .rknn_backend import RKNN
 from .tvm_backend import TVM
 
 BACKENDS: tuple[Backend, ...] = (
     IREE,
     TVM,
+    RKNN,
 )
 BY_NAME = {b.name: b for b in BACKENDS}
 BY_FORMAT = {b.format: b for b in BACKENDS}

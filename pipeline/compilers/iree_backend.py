@@ -79,6 +79,14 @@ def requires(report: dict, tools: dict) -> dict:
     return report.get("requires", {})
 
 
+def release_runtime(art: dict) -> dict:
+    """A .vmfb loads in the IREE runtime of its compiler's version, on the HAL driver it was built for."""
+    iree = art["compile"]["tools"]["iree-base-compiler"]
+    return {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
+                             "install": f"pip install iree-base-runtime=={iree}"},
+            "hal_driver": "vulkan" if art.get("requires", {}).get("vulkan") else art["abi"]["run"]["device"]}
+
+
 IREE = Backend(
     name=NAME, format=FORMAT, artifact=ARTIFACT, compile_stage="iree_compile", tune_stage=None,
     abi_schema=(CpuAbiDoc, VulkanAbiDoc), variants=True, configs=True,
@@ -88,4 +96,4 @@ IREE = Backend(
              "device than the one running it",
     wrong_hint="the compiled artifact is numerically wrong for this tolerance: try without "
                "the ABI's optional flags, or report it to IREE",
-    timer=IreeCpuRunner, runner_key=lambda device: device)
+    timer=IreeCpuRunner, runner_key=lambda device: device, release_runtime=release_runtime)

@@ -65,6 +65,11 @@ def requires(report: dict, tools: dict) -> dict:
                                          "from that wheel (C++ loader)"}}
 
 
+def release_runtime(art: dict) -> dict:
+    """A TVM .so loads in the TVM runtime of its compiler's version."""
+    return {"tvm_runtime": art["requires"]["tvm_runtime"], "device": art["abi"]["run"]["device"]}
+
+
 TVM = Backend(
     name=NAME, format=FORMAT, artifact=ARTIFACT, compile_stage="tvm_compile", tune_stage="tvm_tune",
     abi_schema=(TvmAbiDoc,), variants=False, configs=False,
@@ -73,4 +78,4 @@ TVM = Backend(
     run_hint="read the log; SIGILL means the artifact uses CPU features the executing CPU lacks",
     wrong_hint="the TVM artifact is numerically wrong for this tolerance: compare with the "
                "untuned build (tuning budget 0), or report it to TVM",
-    timer=TvmCpuRunner, runner_key=lambda device: f"tvm:{device}")
+    timer=TvmCpuRunner, runner_key=lambda device: f"tvm:{device}", release_runtime=release_runtime)

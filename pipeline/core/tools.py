@@ -70,6 +70,9 @@ def versions(*names: str) -> dict[str, str]:
         elif name == "tvm-aarch64":
             tv = aarch64_tvm(required=False)
             out[name] = tv.version if tv else "missing"
+        elif name == "rknn-toolkit2":
+            tk = rknn_toolkit(required=False)
+            out[name] = tk.version if tk else "missing"
         else:
             raise ValueError(f"unknown tool {name!r}")
     return out
@@ -312,6 +315,28 @@ def aarch64_tvm(required: bool = True, **where) -> Aarch64Tvm | None:
     if required:
         raise PipelineError(f"the aarch64 Python with TVM {version} is not unpacked at {tv.root}",
                             hint=SETUP_HINT, **where)
+    return None
+
+
+@dataclass(frozen=True)
+class RknnToolkit:
+    """RKNN-Toolkit2 in its own virtual environment (setup.sh: its pins clash with .venv's)."""
+    venv: Path
+    version: str
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+
+def rknn_toolkit(required: bool = True, **where) -> RknnToolkit | None:
+    """Locate RKNN-Toolkit2's venv (.tools/rknn-venv) and its version (read, not imported)."""
+    venv = tools_dir() / "rknn-venv"
+    found = sorted(venv.glob("lib/python3*/site-packages/rknn_toolkit2-*.dist-info"))
+    if (venv / "bin" / "python").exists() and found:
+        return RknnToolkit(venv, found[-1].name.removesuffix(".dist-info").split("-")[1])
+    if required:
+        raise PipelineError(f"RKNN-Toolkit2 is not installed in {venv}", hint=SETUP_HINT, **where)
     return None
 
 

@@ -24,7 +24,7 @@ from types import ModuleType
 
 from ..compilers.backends import BACKENDS  # noqa: F401 (the table of backends, beside STAGES)
 from ..stages import (accuracy, choose, coverage, golden, import_model, iree_compile, manifest,
-                      quantize, runtime, static, tvm_compile, tvm_tune, validate)
+                      quantize, rknn_compile, runtime, static, tvm_compile, tvm_tune, validate)
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ STAGES = (
     Stage("iree_compile", iree_compile, "compile the static model with IREE for each target ABI", True),
     Stage("tvm_tune", tvm_tune, "apply a model's MetaSchedule database (pinned or tuned by `doit tune`)", True),
     Stage("tvm_compile", tvm_compile, "compile the static model with TVM (Relax) for each TVM ABI", True),
+    Stage("rknn_compile", rknn_compile, "build the static model with RKNN-Toolkit2 for each NPU ABI, simulated", True),
     Stage("validate", validate, "run each artifact (natively or under qemu-user) and compare with golden", True),
     Stage("choose", choose, "which compiler's artifact ships per slot of the target", True),
     Stage("manifest", manifest, "write artifacts/<target>/manifest.json listing each artifact with its sha256", True),

@@ -44,6 +44,12 @@ def builder_versions() -> dict:
 
 
 # ----------------------------------------------------------------------------- CycloneDX
+# Tools whose licence a user must know of: RKNN-Toolkit2 has no licence file in its wheel; upstream's
+# is the proprietary RKNN SDK License (development and testing for Rockchip products; docs/npu.md).
+LICENSES = {"rknn-toolkit2": "LicenseRef-RKNN-SDK-License (proprietary, Rockchip)"}
+MADE_BY = {".so": "apache-tvm", ".rknn": "rknn-toolkit2"}   # an artifact's suffix -> its compiler
+
+
 def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch: int,
          runtime: list[dict] = ()) -> str:
     """release: {target, version}; models: ModelSpecs; artifacts: {model, abi, path, sha256};
@@ -68,7 +74,9 @@ def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch:
             type=ComponentType.LIBRARY if purl else ComponentType.APPLICATION, name=tool,
             version=None if version.startswith("sha256:") else version,
             hashes=sha(version[7:]) if version.startswith("sha256:") else None,
-            purl=PackageURL.from_string(purl) if purl else None, bom_ref=f"tool:{tool}")
+            purl=PackageURL.from_string(purl) if purl else None, bom_ref=f"tool:{tool}",
+            properties=[Property(name="modelyard:license", value=LICENSES[tool])]
+            if tool in LICENSES else None)
     components = {}
     for spec in models:
         components[spec.name] = Component(
@@ -111,7 +119,7 @@ def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch:
         if art["model"] is None:  # the C runtime: built from the vendored sources
             bom.register_dependency(component, vendored)
             continue
-        made_by = "apache-tvm" if art["path"].endswith(".so") else "iree-base-compiler"
+        made_by = MADE_BY.get(Path(art["path"]).suffix, "iree-base-compiler")
         compiler = [toolchain[made_by]] if made_by in toolchain else []
         bom.register_dependency(component, [components[art["model"]], *compiler])
     return pretty_json(json.loads(JsonV1Dot6(bom).output_as_string()))

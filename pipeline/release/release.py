@@ -42,6 +42,7 @@ from pathlib import Path
 from . import provenance
 
 from . import signing
+from ..compilers.backends import backend_for
 from ..core.errors import PipelineError
 from ..core.steps import RECORD
 from ..core.store import pretty_json, sha256_file
@@ -320,13 +321,7 @@ def _bench_figures(layout, target: str) -> dict:
 def _artifact(art: dict, file: str, waiver: dict | None, measured: dict | None = None) -> dict:
     abi = art["abi"]
     vulkan = art.get("requires", {}).get("vulkan")
-    if art["format"] == "tvm-so":  # a TVM .so loads in the TVM runtime of its compiler's version
-        runtime = {"tvm_runtime": art["requires"]["tvm_runtime"], "device": abi["run"]["device"]}
-    else:
-        iree = art["compile"]["tools"]["iree-base-compiler"]  # a .vmfb loads in the runtime of its compiler's version
-        runtime = {"iree_runtime": {"package": "iree-base-runtime", "version": iree,
-                                    "install": f"pip install iree-base-runtime=={iree}"},
-                   "hal_driver": "vulkan" if vulkan else abi["run"]["device"]}
+    runtime = backend_for(art).release_runtime(art)  # what loads it: the backend says
     requires = {**runtime,
                 **{k: v for k, v in abi.items() if k not in ("name", "flags", "run", "compiler")}}
     if vulkan:  # API/SPIR-V version, device features and subgroup size, as IREE compiled for
@@ -339,8 +334,9 @@ def _artifact(art: dict, file: str, waiver: dict | None, measured: dict | None =
     return {"file": file, "sha256": art["sha256"], "size": art["size"], "format": art["format"],
             "entry": art["entry"], "requires": requires, "compile_flags": art["compile"]["flags"],
             "validation": {k: art["validation"][k]
-                           for k in ("status", "executed", "tolerance", "outputs",
-                                     "shipped_bytes_executed", "twin") if k in art["validation"]},
+                           for k in ("status", "executed", "tolerance", "tolerance_from", "outputs",
+                                     "shipped_bytes_executed", "simulated", "twin")
+                           if k in art["validation"]},
             "benchmark": benchmark, "waiver": waiver}
 
 

@@ -18,6 +18,9 @@ whose requirements the present machine meets is loaded:
 `prefer="abi-name"` overrides the order: that artifact or a clear error, never a silent switch.
 Where the manifest's `choice` says another compiler's artifact ships for the same device (a
 slot), the others are passed over ("not the shipped choice"), unless named by `prefer`.
+NPU artifacts (RKNN `.rknn`, first in the RK3588's order) load only where the machine has a
+Rockchip NPU and rknn-toolkit-lite2 (librknnrt): elsewhere, such as on this build host, they are
+passed over with that reason and the next ABI is tried; `prefer=` one is then a clear error.
 TVM artifacts (`format: tvm-so`) load in TVM's runtime: in-process when native, through
 pipeline/run/tvm_run.py on the aarch64 TVM runtime under qemu-user when emulated.
 
@@ -34,7 +37,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tvm_run, vulkan
+from . import rknn_run, tvm_run, vulkan
 from ..core.errors import PipelineError
 from ..core.layout import Layout
 
@@ -163,6 +166,8 @@ class Runner:
     @classmethod
     def _why_not(cls, art, driver, allow_emulation, cache) -> str | None:
         abi = art["abi"]
+        if art.get("format") == rknn_run.FORMAT:  # the NPU: a device of its own, never emulated
+            return rknn_run.why_no_npu()
         if abi["backend"] == "vulkan-spirv":
             devices, why = cls._vk_devices(driver, cache)
             if not devices:
@@ -189,6 +194,9 @@ class Runner:
     @classmethod
     def _choice(cls, abi, art, path, driver, cache, considered) -> Choice:
         backend = art["abi"]["backend"]
+        if art.get("format") == rknn_run.FORMAT:
+            return Choice(abi, path, backend, f"{art['abi']['target_platform']} NPU (librknnrt)",
+                          False, considered)
         if backend == "vulkan-spirv":
             dev = cls._vk_devices(driver, cache)[0][0]
             return Choice(abi, path, backend, dev.describe(), False, considered)
@@ -209,6 +217,10 @@ class Runner:
                                 stage=STAGE, hint="rebuild, or restore the released file", **where)
         if art.get("format") == tvm_run.FORMAT:
             return cls._load_tvm(choice, entry, n_outputs, where)
+        if art.get("format") == rknn_run.FORMAT:  # numpy in, numpy out, like TVM
+            runner = cls(choice, rknn_run.RknnModule(str(choice.path)), entry, n_outputs=n_outputs)
+            runner._numpy = True
+            return runner
         if choice.emulated:
             from ..core.tools import aarch64_runtime, qemu_argv
             rt_ = aarch64_runtime(stage=STAGE, **where)
@@ -241,6 +253,7 @@ class Runner:
         return runner
 
     _tvm = False
+    _numpy = False   # the loaded module takes and returns numpy arrays (RKNN)
     _declared: list = []  # the outputs' dtypes in the manifest's io
 
     def _as_declared(self, outputs: list) -> list:
@@ -277,7 +290,7 @@ class Runner:
                     env = None
                 run_tool(argv, log=None, what="emulated run", env=env, stage=STAGE, **self._where)
                 return self._as_declared([np.load(o) for o in outs])
-        if self.choice.backend == "llvm":  # TVM: numpy in, numpy out
+        if self.choice.backend == "llvm" or self._numpy:  # TVM, RKNN: numpy in, numpy out
             return self._fn(*inputs)
         results = self._fn(*inputs)
         if not isinstance(results, (tuple, list)):

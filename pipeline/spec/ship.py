@@ -18,6 +18,10 @@ class SlotDoc(Doc):
     """in the order policy prefer tries them"""
     policy: Literal[POLICIES] = "prefer"
     """prefer: the first validated; fastest-on-host: the fastest validated here, measured"""
+    build: Literal["all", "shipped"] = "all"
+    """all: every candidate is built and validated (compilers compared); shipped: when the one
+    that ships is known before building (the model's explicit choice, or policy prefer without a
+    pin of doit search or a tuning budget), only it: the others are listed as skipped, and why"""
     proxies: dict[str, Annotated[str, Field(pattern=r"^[^/]*/[^/]*$"), Says(
         "expected TARGET/ABI (e.g. host/cpu-x86_64), got {input}")]] = {}
     """ABI -> TARGET/ABI timed here in its place (fastest-on-host, for an ABI that does not run here)"""
@@ -51,7 +55,8 @@ def parse_target(doc: dict | None, abi_names: list[str], native: set[str], where
                     problems.append(f"{sw}.proxies: {abi!r} does not run on this machine: name "
                                     f"its host proxy (an ABI of the host target, same compiler)")
         slots.append({"name": name, "abis": list(body.abis), "policy": body.policy,
-                      "proxies": dict(proxies)})
+                      "proxies": dict(proxies),
+                      **({"build": body.build} if body.build != "all" else {})})  # keys as before
     return tuple(slots)
 
 

@@ -14,6 +14,8 @@ from pydantic import ConfigDict, Field
 from ..core.errors import PipelineError, SpecError
 from ..core.store import sha256_file
 from .common import CLOSED, NAME_RE, Doc, Says, check_via, display, given, read_yaml, validate
+from .npu import NpuAbiDoc
+from .npu import parse_abi as parse_npu_abi
 from .ship import SlotDoc
 from .ship import parse_target as parse_ship
 from .tvm import TvmAbi, TvmAbiDoc
@@ -76,7 +78,7 @@ class AbiSpec:
 class TargetSpec:
     name: str
     description: str
-    abis: tuple                 # every ABI, as listed: AbiSpec (IREE), TvmAbi...; `compiler` names its backend
+    abis: tuple                 # every ABI, as listed: AbiSpec (IREE), TvmAbi, NpuAbi; `compiler` names its backend
     fallback: tuple[str, ...]   # the order an app tries the ABIs in
     path: Path
     sha256: str
@@ -202,7 +204,7 @@ class VulkanAbiDoc(Doc):
 
 
 Abi = Annotated[Union[Annotated[Union[CpuAbiDoc, VulkanAbiDoc], Field(discriminator="backend")],
-                      TvmAbiDoc], Field(discriminator="compiler")]
+                      TvmAbiDoc, NpuAbiDoc], Field(discriminator="compiler")]
 
 
 class TargetDoc(Doc):
@@ -258,6 +260,8 @@ def _abi(name: str, doc, where: str, problems: list):
     """An ABI of the target as AbiSpec (IREE) or TvmAbi, or None (problems appended)."""
     if isinstance(doc, TvmAbiDoc):
         return parse_tvm_abi(name, doc, where, problems)
+    if isinstance(doc, NpuAbiDoc):
+        return parse_npu_abi(name, doc, where, problems)
     if doc is None or doc.run is None:
         return None
     run = doc.run

@@ -43,7 +43,7 @@ from ..core.store import pretty_json, sha256_file
 from ..core.tools import python_module_argv, run_tool
 from ..spec.ship import POLICIES
 from .coverage import ops_text
-from .plan import golden_files, skipped, unsupported, where
+from .plan import golden_files, not_needed, skipped, unsupported, where
 
 VERSION = 1
 OUTPUTS = ("choice.json",)
@@ -212,6 +212,10 @@ def choose_step(project, model, target) -> Step:
                 skipped_abis[name] = (f"{backend.title} cannot take "
                                       f"{ops_text(unsupported(project, model, target, backend))} "
                                       f"(op coverage)")
+                continue
+            why_not = not_needed(project, model, target, by_name[name])
+            if why_not:
+                skipped_abis[name] = why_not
                 continue
             candidates.append(name)
             inputs[f"validation:{name}"] = _artifact_files(layout, target.name, model,

@@ -34,6 +34,7 @@ from pathlib import Path
 from ..compilers import tvm_ops
 from ..compilers.backends import BACKENDS, backend_named
 from ..compilers.iree_backend import IREE
+from ..compilers.rknn_backend import RKNN
 from ..compilers.tvm_backend import TVM
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
@@ -229,7 +230,7 @@ def run(ctx) -> None:
     prediction = predict(ctx.input("model"), cfg.shapes)
     report = {"ops": prediction["ops"], "compilers": {}}
     for compiler, abis in sorted(cfg.compilers.items()):
-        problems = prediction[compiler]
+        problems = prediction.get(compiler, [])  # a backend with no op table: its build checks
         entry = {"abis": abis, "status": "skipped" if problems else "ok", "unsupported": problems,
                  "checked": {"prediction": _basis(compiler)}}
         if problems:
@@ -316,8 +317,14 @@ def _tvm_check(ctx, model: Path, where: dict) -> tuple:
     return result, "TVM's ONNX import (relax.frontend.onnx.from_onnx)"
 
 
+def _rknn_basis() -> str:
+    return ("no op table: RKNN-Toolkit2's own build is the check; the CPU fallbacks and "
+            "unsupported ops it reports are in its compile.json and the manifest's coverage")
+
+
 # backend -> (the basis of its prediction, the real check that must fail where it predicts so)
-PREDICTIONS = {IREE: (_iree_basis, _iree_check), TVM: (_tvm_basis, _tvm_check)}
+PREDICTIONS = {IREE: (_iree_basis, _iree_check), TVM: (_tvm_basis, _tvm_check),
+               RKNN: (_rknn_basis, None)}
 
 
 def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:
@@ -415,6 +422,14 @@ def manifest_table(models: dict, compile_reports: dict, rewrites: dict) -> dict:
         choice = {slot: c["ships"] for slot, c in (entry.get("choice") or {}).items()}
         table[name] = row(sorted(entry["artifacts"]), compilers_text({"compilers": entry.get("coverage") or {}}),
                           rewrites.get(name, []), fallbacks, choice=choice)
+        # what a backend reported inside its own build (RKNN: ops run on the NPU's CPU
+        # fallback, ops it cannot take): coverage facts no op table predicted
+        reported = {abi: {k: c["messages"][k] for k in ("cpu_fallbacks", "unsupported")
+                          if c["messages"].get(k)}
+                    for abi, c in sorted(compile_reports.get(name, {}).items()) if c.get("messages")}
+        reported = {abi: r for abi, r in reported.items() if r}
+        if reported:
+            table[name]["reported"] = reported
     return table
 
 

@@ -259,7 +259,7 @@ def variant_steps(layout, model, v, targets) -> list:
     out = []
     vm = variant_model(model, v)
     for target in targets:
-        for abi in variant_abis(target):
+        for abi in [a for a in variant_abis(target) if IREE.builds(a)]:  # RKNN builds its own
             if variant_skip_reason(model, v, abi, layout.cache):
                 continue
             for twin in ((False, True) if abi.run["via"] == "twin" else (False,)):

@@ -30,7 +30,8 @@ from ..core.steps import RECORD, StageConfig, Step, key_value
 from ..core.store import pretty_json, sha256_file
 from ..spec.sources import GOLDEN, ROUTES
 from ..spec.variants import PRECISIONS, full_name
-from .plan import budget, built, coverage_file, static_model, variant_abis, variant_skip_reason
+from .plan import (budget, built, coverage_file, not_needed, static_model, variant_abis,
+                   variant_skip_reason)
 
 VERSION = 2  # 2: TVM artifacts, coverage, skipped, choice
 OUTPUTS = ("manifest.json",)
@@ -207,6 +208,7 @@ def _artifact(ctx, prefix: str, abi: dict) -> dict:
         "validation": {"status": validation["status"], "executed": validation["executed"],
                        "shipped_bytes_executed": validation["shipped_bytes_executed"],
                        **({"twin": validation["twin"]} if "twin" in validation else {}),
+                       **{k: validation[k] for k in ("simulated", "tolerance_from") if k in validation},
                        "tolerance": validation["tolerance"], "outputs": validation["outputs"],
                        "step_key": validate_step["key"],
                        "tools": validate_step["key_parts"]["tools"]},
@@ -292,8 +294,9 @@ def manifest_step(project, target) -> Step:
                           shape_of=m.shape_of, shape=m.shape if m.shape_of else None,
                           shapes=tuple(m.shapes),
                           licenses=tuple(p.name for p in m.licenses),
-                          skipped={a.name: m.skip_reason(a.name) for a in target.abis
-                                   if m.skip_reason(a.name)},
+                          skipped={a.name: m.skip_reason(a.name) or not_needed(project, m, target, a)
+                                   for a in target.abis
+                                   if m.skip_reason(a.name) or not_needed(project, m, target, a)},
                           abis=tuple(a.name for a in target.abis if built(project, m, target, a)))
                for m in models]
     entries += [v for m in models for v in _variant_models(layout, m, target)]

@@ -66,9 +66,43 @@ def unsupported(project, model, target, backend) -> list[dict]:
 
 
 def built(project, model, target, abi) -> bool:
-    """False when the spec skips the ABI, or op coverage says its compiler cannot take the model."""
+    """False when the spec skips the ABI, op coverage says its compiler cannot take the model, or
+    another ABI of its slot is known to ship (`not_needed`)."""
+    return can_build(project, model, target, abi) and not not_needed(project, model, target, abi)
+
+
+def can_build(project, model, target, abi) -> bool:
+    """Neither the spec nor op coverage leaves the ABI out for this model."""
     return (not model.skip_reason(abi.name)
             and backend_of(abi) not in skipped(project, model, target))
+
+
+def not_needed(project, model, target, abi) -> str | None:
+    """Why the ABI is not built although it could be: it is in a slot with `build: shipped`
+    whose artifact that ships is known before anything is built (the model's explicit `ship:`
+    choice, or policy prefer: the first candidate, since a failed validation fails the build),
+    and it is not that one. A pin of `doit search` (which compares the bytes of every candidate)
+    or a tuning budget for the ABI (the user asked for it) keeps every candidate built."""
+    slot = next((s for s in target.ship if abi.name in s["abis"]), None)
+    if slot is None or slot.get("build", "all") != "shipped":
+        return None
+    if slot["name"] in project.pinned_slots.get((target.name, model.name), {}):
+        return None
+    if backend_of(abi).tune_stage and budget(model, target):
+        return None
+    by_name = {a.name: a for a in target.abis}
+    candidates = [n for n in slot["abis"] if can_build(project, model, target, by_name[n])]
+    explicit = model.ship.get(target.name, {}).get(slot["name"])
+    if explicit:
+        ships, why = explicit, f"the model's spec ships {explicit} (ship.{target.name}.{slot['name']})"
+    elif slot["policy"] == "prefer" and candidates:
+        ships, why = candidates[0], f"{candidates[0]} ships (slot {slot['name']}: policy prefer)"
+    else:
+        return None
+    if abi.name == ships or abi.name not in candidates:
+        return None
+    return (f"not built: {why}, and the slot builds only what ships (build: shipped in the "
+            f"target); it is built when {ships} is skipped for the model, or with build: all")
 
 
 def built_abis(project, model, target, backend) -> list:
@@ -121,7 +155,8 @@ def variant_abis(target) -> list:
 
 def variant_skip_reason(model, variant, abi, memo_dir: Path | None) -> str | None:
     """The spec's skip; and for an fp16 variant, a Vulkan target without 16-bit support."""
-    why = model.skip_reason(abi.name) or variant.skip_reason(abi.name)
+    why = (model.skip_reason(abi.name) or variant.skip_reason(abi.name)
+           or backend_of(abi).variant_skip(abi, variant))
     if why or variant.precision != "fp16" or abi.backend != "vulkan-spirv":
         return why
     record = vulkan_target_record(abi.vulkan_target, abi.vulkan_features, memo_dir)

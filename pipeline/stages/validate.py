@@ -27,7 +27,7 @@ from .plan import (ENTRY, abi_step_name, built, golden_files, proxy_pairs, skipp
 
 VERSION = 1
 OUTPUTS = ("validation.json",)
-VIAS = ("python", "qemu", "vulkan", "twin")
+VIAS = ("python", "qemu", "vulkan", "twin", "simulator")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Config(StageConfig):
     tolerance: dict                     # vs golden: max_abs, mean_abs, cosine
     precision: str | None = None        # a precision variant's: int8 | fp16 ...
     reference_tolerance: dict | None = None  # ... and what it must hold to against fp32 (its gate)
+    tolerance_from: str | None = None   # where `tolerance` is declared, when not the model's own
 
     def problems(self):
         if self.compiler not in BY_NAME:
@@ -62,6 +63,8 @@ class Config(StageConfig):
                "backend": self.backend, "tolerance": key_value(self.tolerance)}
         if self.precision is not None:  # a precision variant (the fp32 keys are unchanged)
             key.update(precision=self.precision, reference_tolerance=key_value(self.reference_tolerance))
+        if self.tolerance_from is not None:  # a backend's own tolerance (the NPU's, per precision)
+            key["tolerance_from"] = self.tolerance_from
         return key
 
 
@@ -152,6 +155,11 @@ def run(ctx) -> None:
                                  "does not: compare with its own golden (validation.json)")
     report = {"status": "passed", "executed": executed, "tolerance": cfg.tolerance,
               "outputs": result["outputs"], "shipped_bytes_executed": not twin}
+    if cfg.tolerance_from is not None:
+        report["tolerance_from"] = cfg.tolerance_from
+    if executed.get("simulated"):  # the NPU: its simulator ran the model exported as this file
+        report["simulated"] = True
+        report["shipped_bytes_executed"] = False
     if vs_fp32 is not None:
         report["vs_fp32"] = {"tolerance": cfg.reference_tolerance,
                              "outputs": vs_fp32["outputs"]}
@@ -179,7 +187,7 @@ def steps(project) -> list:
                     if built(project, model, target, a)]
         for v in model.variants:
             vm = variant_model(model, v)
-            out += [_variant(validate_step(layout, vm, target, abi), v)
+            out += [_variant(validate_step(layout, vm, target, abi, v.precision), v)
                     for target in project.targets for abi in variant_abis(target)
                     if not variant_skip_reason(model, v, abi, layout.cache)]
     for model in project.models:
@@ -189,10 +197,13 @@ def steps(project) -> list:
     return out
 
 
-def validate_step(layout, model, target, abi) -> Step:
+def validate_step(layout, model, target, abi, precision: str | None = None) -> Step:
     backend = backend_of(abi)
     compiled = layout.artifact_stage(target.name, model.name, abi.name, backend.compile_stage)
-    inputs = {"artifact": compiled / backend.artifact, **golden_files(layout, model)}
+    inputs = {"artifact": compiled / backend.artifact, **golden_files(layout, model),
+              **backend.validation_inputs(compiled, len(model.signature["outputs"]))}
+    tolerance, tolerance_from = (backend.validation_tolerance(abi, precision)
+                                 or (model.tolerance.as_dict(), None))
     via = abi.run["via"]
     if via == "twin":
         twin = layout.artifact_stage(target.name, model.name, abi.name, "twin_compile")
@@ -201,7 +212,7 @@ def validate_step(layout, model, target, abi) -> Step:
         inputs["twin.compile.json"] = twin / "compile.json"     # with the shipped build's flags
     return Step(stage="validate", name=abi_step_name(model, target, abi), version=VERSION,
                 config=Config(compiler=backend.name, run=abi.run, entry=ENTRY, backend=abi.backend,
-                              tolerance=model.tolerance.as_dict()),
+                              tolerance=tolerance, tolerance_from=tolerance_from),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
                 tools=backend.validation_tools(abi.run), action=run, layout=layout,

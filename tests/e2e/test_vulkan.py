@@ -35,7 +35,7 @@ def rk3588_build(tmp_path_factory):
 def test_rk3588_ships_valhall3_with_a_validated_twin(rk3588_build):
     ws = rk3588_build
     doc = json.loads((ws.artifacts / "rk3588/manifest.json").read_text())
-    assert doc["target"]["fallback"] == ["vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64",
+    assert doc["target"]["fallback"] == ["npu", "vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64",
                                          "cpu-aarch64-tvm"]
     arts = doc["models"]["alpha"]["artifacts"]
     mali = arts["vulkan-mali-g610"]
@@ -138,7 +138,7 @@ def test_a_skipped_abi_is_recorded_with_its_reason(tmp_path):
     ws.build("target=rk3588")
     doc = json.loads((ws.artifacts / "rk3588/manifest.json").read_text())
     model = doc["models"]["alpha"]
-    assert sorted(model["artifacts"]) == ["cpu-aarch64"]
+    assert sorted(model["artifacts"]) == ["cpu-aarch64", "npu"]
     assert model["skipped"] == {"cpu-aarch64-tvm": "not wanted from TVM",
                                 "vulkan-baseline": "known IREE bug, see issue 12",
                                 "vulkan-mali-g610": "known IREE bug, see issue 12"}

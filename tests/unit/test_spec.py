@@ -95,7 +95,7 @@ def test_a_folder_without_spec_is_reported(tmp_path):
 def test_targets_are_data():
     assert known_targets() == ["host", "rk3588", "rpi5"]
     rk = load_target("rk3588")
-    assert rk.fallback == ("vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64",
+    assert rk.fallback == ("npu", "vulkan-mali-g610", "vulkan-baseline", "cpu-aarch64",
                            "cpu-aarch64-tvm")
     abi = {a.name: a for a in rk.abis}["cpu-aarch64"]
     assert (abi.arch, abi.cpu, abi.triple) == ("aarch64", "cortex-a55", "aarch64-linux-gnu")

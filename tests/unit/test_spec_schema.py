@@ -197,7 +197,7 @@ def test_a_target_with_many_problems_reports_them_all(tmp_path):
         "abis.cpu-aarch64-tvm.num_cores: must be >= 1, got 0",
         "abis.vulkan-mali-g610.run.twin: name the Vulkan target of the runnable twin (e.g. llvmpipe)",
         "abis.cpu-aarch64-tvm.run.via: python runs this machine's (x86_64) artifacts only",
-        "ship.cpu.abis: no ABI 'gpu' in this target (it has: vulkan-mali-g610, vulkan-baseline, "
+        "ship.cpu.abis: no ABI 'gpu' in this target (it has: npu, vulkan-mali-g610, vulkan-baseline, "
         "cpu-aarch64, cpu-aarch64-tvm)",
     ]), "\n".join(got)
 
@@ -208,7 +208,7 @@ def test_the_parsed_specs_are_typed_documents_turned_into_the_frozen_specs():
     assert cpu.run == {"via": "qemu", "device": "local-task", "qemu_cpu": "cortex-a76"}
     assert cpu.triple == "aarch64-linux-gnu" and cpu.flags == ("--iree-opt-data-tiling",)
     assert [(a.name, a.compiler) for a in target.abis] == [
-        ("vulkan-mali-g610", "iree"), ("vulkan-baseline", "iree"), ("cpu-aarch64", "iree"),
+        ("npu", "rknn"), ("vulkan-mali-g610", "iree"), ("vulkan-baseline", "iree"), ("cpu-aarch64", "iree"),
         ("cpu-aarch64-tvm", "tvm")]  # every ABI in one map, as the YAML lists them
     tvm = target.abis[-1]
     assert (tvm.num_cores, tvm.tune, tvm.run) == (4, {"key": "rk3588"},

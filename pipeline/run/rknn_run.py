@@ -1,0 +1,105 @@
+"""RKNN artifacts (`.rknn`, Rockchip's NPU format) on the app side and in validation.
+
+Two things run here, never the board's NPU itself:
+  * `python -m pipeline.run.rknn_run --artifact model.rknn --compile-json compile.json
+    --input x.npy ... --output y.npy ...`: validation's runner. RKNN-Toolkit2's simulator runs
+    only a model built in the same process, so the compile step (pipeline/stages/rknn_compile.py)
+    built, simulated on the golden inputs and exported in one child process. This hands those
+    simulated outputs to validation after checking that they belong to these very bytes and
+    inputs: the artifact's sha256 is the one the simulated model was exported as, and each input
+    is the file it was simulated on. Anything else is an error, never a silent pass.
+  * `npu_devices()` / `why_no_npu()`: whether this machine has a Rockchip NPU the board runtime
+    (librknnrt, through rknn-toolkit-lite2) can load a `.rknn` on (pipeline/run/app.py).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+FORMAT = "rknn"   # the manifest's `format` of RKNN artifacts
+# Where the rknpu kernel driver shows itself on a Rockchip board (DRM or misc device, debugfs).
+NPU_NODES = ("/dev/rknpu", "/sys/kernel/debug/rknpu", "/proc/device-tree/npu@fdab0000")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def why_no_npu() -> str | None:
+    """None when this machine has a Rockchip NPU and the board runtime to load `.rknn` files;
+    else why not, in one sentence."""
+    nodes = [n for n in NPU_NODES if Path(n).exists()]
+    if not nodes:
+        return (f"this machine has no Rockchip NPU (none of {', '.join(NPU_NODES)} exists): "
+                f"RKNN artifacts run on the board's NPU only")
+    try:
+        import rknnlite.api  # noqa: F401 (rknn-toolkit-lite2, the board-side Python API)
+    except ImportError:
+        return (f"an NPU is present ({nodes[0]}) but rknn-toolkit-lite2 is not installed "
+                f"(pip install rknn-toolkit-lite2, and librknnrt.so of the version the "
+                f"manifest's requires.librknnrt names)")
+    return None
+
+
+class RknnModule:
+    """A `.rknn` loaded on the board's NPU through rknn-toolkit-lite2 (librknnrt)."""
+
+    def __init__(self, path: str):
+        from rknnlite.api import RKNNLite
+        self._rknn = RKNNLite(verbose=False)
+        for what, ret in (("load_rknn", lambda: self._rknn.load_rknn(path)),
+                          ("init_runtime", lambda: self._rknn.init_runtime())):
+            code = ret()
+            if code != 0:
+                raise RuntimeError(f"RKNNLite.{what}({path}) returned {code}")
+
+    def __call__(self, *inputs):
+        return self._rknn.inference(inputs=list(inputs),
+                                    data_format=["nchw" if x.ndim == 4 else None for x in inputs])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.run.rknn_run")
+    parser.add_argument("--artifact", required=True)
+    parser.add_argument("--compile-json", required=True)
+    parser.add_argument("--input", action="append", default=[])
+    parser.add_argument("--output", action="append", default=[])
+    args = parser.parse_args(argv)
+    report = json.loads(Path(args.compile_json).read_text())
+    sim = report["simulated"]
+    folder = Path(args.compile_json).parent
+    shipped = _sha256(Path(args.artifact))
+    if shipped != report["sha256"]:
+        print(f"{args.artifact} (sha256 {shipped}) is not the file the simulated model was "
+              f"exported as ({report['sha256']})", file=sys.stderr)
+        return 2
+    given = [_sha256(Path(p)) for p in args.input]
+    ran_on = [i["sha256"] for i in sim["inputs"]]
+    if given != ran_on:
+        print(f"the simulator ran on other inputs (sha256 {ran_on}) than validation's "
+              f"({given})", file=sys.stderr)
+        return 3
+    if len(args.output) != len(sim["outputs"]):
+        print(f"the simulator gave {len(sim['outputs'])} outputs, validation wants "
+              f"{len(args.output)}", file=sys.stderr)
+        return 4
+    for out, entry in zip(args.output, sim["outputs"]):
+        source = folder / entry["file"]
+        if _sha256(source) != entry["sha256"]:
+            print(f"{source} changed since the compile step wrote it", file=sys.stderr)
+            return 5
+        shutil.copyfile(source, out)
+    print(json.dumps({"artifact_sha256": shipped, "outputs": len(args.output)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
