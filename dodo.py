@@ -179,7 +179,9 @@ if not _READS_ONLY:
 # warning). doit then runs several steps at once in threads, each waiting on a worker.
 _EXECUTOR = setting("executor", get_var("executor", None), env="MODELYARD_EXECUTOR") or "local"
 _SCHEDULER = setting("scheduler", get_var("scheduler", None), env="MODELYARD_SCHEDULER")
-_RUNS_NO_STEP = {"cluster", "cache", "timings", "verify", "keygen", "new"}
+# `doit tune` runs its steps here (the working database is here): executor=dask sends only
+# MetaSchedule's candidate builds to the workers (stages/tvm_tune.py).
+_RUNS_NO_STEP = {"cluster", "cache", "timings", "verify", "keygen", "new", "tune"}
 if _EXECUTOR != "local" and not (_READ_ONLY_COMMAND or _READS_ONLY or set(_WORDS) & _RUNS_NO_STEP):
     from pipeline.core import dask_executor, executor  # imports distributed (1.2 s): only here
     try:
@@ -297,7 +299,7 @@ def task_tune():
     return {"actions": [(doit_call, [tvm_tune.command, PROJECT, target, get_var("model", None),
                                      {"tracker": get_var("tracker", None), "key": get_var("key", None),
                                       "emulated": get_var("emulated", "0") in ("1", "true", "yes")},
-                                     get_var("pin", "0")])]
+                                     get_var("pin", "0"), _EXECUTOR, _SCHEDULER])]
                        + (curve if get_var("curve", "0") in ("1", "true", "yes") else []),
             "task_dep": [f"static:{m.name}" for m in PROJECT.models]
                         + [f"coverage:{target}/{m.name}" for m in PROJECT.models] if target else [],

@@ -13,13 +13,15 @@ Client (the `doit build executor=dask scheduler=tcp://HOST:8786` process):
     line says which worker ran it), then restores the outputs from the cache as a cache hit
     does, or raises the worker's error as the step's own.
 
-Worker (`dask worker tcp://HOST:8786 --nthreads 1 [--resources "qemu=1 vulkan=1 tune=1"]`,
-started in a checkout with the same code and `./setup.sh`): `run_action` places each input in a
-workspace of its own by sha256 (from its disk or the cache), makes the same Step, checks that
-its key is the client's (same code, tools and inputs: else it refuses the step, saying what
-differs), runs it through the same code path as a local build (core/steps.py execute: its own
-store and the cache first), pushes the outputs and their record to the cache, and returns the
-record. A worker killed midway pushed no record: the scheduler gives the step to another worker.
+Worker (`dask worker tcp://HOST:8786 --nthreads 1 --no-nanny [--resources "qemu=1 vulkan=1"]`,
+started in a checkout with the same code and `./setup.sh`; THREAD_VARS says why without the
+nanny): `run_action` places each input in a workspace of its own by sha256 (from its disk or
+the cache), makes the same Step, checks that its key is the client's (same code, tools and
+inputs: else it refuses the step, saying what differs), runs it through the same code path as a
+local build (core/steps.py execute: its own store and the cache first), pushes the outputs and
+their record to the cache, and returns the record. A worker killed midway pushed no record: the
+scheduler gives the step to another worker. `run_call` runs a piece of a job that runs on the
+client (a `doit tune` candidate build) the same way, one at a time.
 
 `distributed` is imported only here, and this module only when a build asks for a cluster.
 """
@@ -58,6 +60,12 @@ OPTIONAL_TOOLS = BINARIES + ("iree-runtime-aarch64", "tvm-aarch64", "vulkan-driv
 TOPIC = "modelyard-steps"   # the Dask event topic of steps starting on workers
 DEFAULT_TIMEOUT = 5.0       # seconds to reach the scheduler
 WAIT_S = 5.0                # how often a waiting client checks that a worker can still run its step
+# Environment variables that set how many threads numpy's BLAS and OpenMP code use. Dask's nanny
+# sets the first three to 1 in every worker it spawns (distributed.nanny.pre-spawn-environ): a
+# float64 dot product then sums in another order, and validation's cosine differs in its last
+# digits from a local build's (measured: bench/cluster.py, 13 files of 122). A worker must run
+# with the client's values.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
 CLUSTER_SUFFIX = ".cluster.json"  # beside a step's log: where and when it ran (bench/cluster.py)
 START_HINT = ("start one (`dask scheduler`, see docs/cluster.md), or build here with "
               "executor=local (executor=auto falls back to it by itself)")
@@ -91,7 +99,8 @@ def identity() -> dict:
     """What must match between the client and a worker: the code, Python, Dask, the tools."""
     return {"code": package_digest(), "python": sys.version.split()[0],
             "distributed": distributed.__version__,
-            "tools": versions(*DISTRIBUTIONS, *OPTIONAL_TOOLS)}
+            "tools": versions(*DISTRIBUTIONS, *OPTIONAL_TOOLS),
+            "threads": {var: os.environ.get(var) for var in THREAD_VARS}}
 
 
 def differences(ours: dict, theirs: dict) -> list[str]:
@@ -103,6 +112,12 @@ def differences(ours: dict, theirs: dict) -> list[str]:
     for name in ("python", "distributed"):
         if theirs.get(name) != ours[name]:
             out.append(f"{name} {theirs.get(name)} there, {ours[name]} here")
+    threads = theirs.get("threads", {})
+    for var, value in sorted(ours.get("threads", {}).items()):
+        if threads.get(var) != value:
+            out.append(f"{var}={threads.get(var) if threads.get(var) is not None else '(unset)'} there, "
+                       f"{value if value is not None else '(unset)'} here (Dask's nanny sets the "
+                       f"thread counts to 1: start the worker with --no-nanny)")
     have = theirs.get("tools", {})
     for tool, version in sorted(ours["tools"].items()):
         got = have.get(tool, "missing")
@@ -195,6 +210,25 @@ def run_action(action: Action) -> ActionResult:
                             finished=time.time(), info=info, **me)
 
 
+def run_call(label: str, fn, *args) -> dict:
+    """Run fn(*args) on this worker as one unit of work, like a step (one at a time, shown by
+    `doit cluster status`): a piece of a larger job that runs on the client, such as one
+    MetaSchedule candidate build of `doit tune` (stages/tvm_tune.py). Returns its value and
+    where and how long it ran; an exception is the caller's to read (fn returns errors it
+    expects as values)."""
+    worker = distributed.get_worker()
+    with _ONE_STEP:
+        started = time.time()
+        token = f"{label}@{started}"
+        _RUNNING[token] = (label, started)
+        try:
+            value = fn(*args)
+        finally:
+            _RUNNING.pop(token, None)
+    return {"value": value, "worker": worker.address, "worker_name": str(worker.name),
+            "host": socket.gethostname(), "started": started, "finished": time.time()}
+
+
 def _run(action: Action, root: Path, url: str, layout: Layout, me: dict) -> tuple[str, dict, dict]:
     remote = store.configured_remote()
     where = dict(stage=action.stage, **action.where)
@@ -269,29 +303,27 @@ def warn(line: str) -> None:
     print(f"modelyard: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
 
 
-class DaskExecutor(executor.Executor):
-    """Runs steps on the admitted workers of a Dask cluster (see the module's docstring)."""
+class Cluster:
+    """A client of a Dask scheduler and the workers it admits: those whose pipeline code,
+    Python, Dask, Python packages and tools match this machine's, each running one thing at a
+    time. A build's executor (DaskExecutor) and `doit tune`'s candidate builds
+    (stages/tvm_tune.py) both submit through one."""
 
-    name = "dask"
-
-    def __init__(self, scheduler: str, remote, timeout: float | None = None):
+    def __init__(self, scheduler: str, timeout: float | None = None, name: str = "modelyard-build"):
         logging.getLogger("distributed").setLevel(logging.ERROR)  # its own lines: ours say it
-        self.scheduler, self.remote = scheduler, remote
+        self.scheduler = scheduler
         self.timeout = timeout or DEFAULT_TIMEOUT
         try:
             self.client = distributed.Client(scheduler, timeout=self.timeout, set_as_default=False,
-                                             name="modelyard-build")
+                                             name=name)
         except (OSError, TimeoutError) as exc:
             raise PipelineError(f"cannot reach the Dask scheduler {scheduler}: "
                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                                 stage="cluster", hint=START_HINT) from None
         self.identity = identity()
-        self.workers: dict[str, dict] = {}      # admitted: address -> name, host, resources
+        self.workers: dict[str, dict] = {}      # admitted: address -> name, host, resources, lacks
         self.refused: dict[str, list[str]] = {}  # address -> why
         self._lock = threading.Lock()
-        self._sent: set[str] = set()            # objects known to be in the cache's CAS
-        self._mine: set[str] = set()            # keys this build has in flight
-        self.client.subscribe_topic(TOPIC, self._on_event)
         atexit.register(self.close)
         self._admit()
         if not self.workers:
@@ -320,19 +352,74 @@ class DaskExecutor(executor.Executor):
                     problems = differences(self.identity, theirs)
                 if w.get("nthreads", 1) != 1:
                     problems.append(f"it runs {w['nthreads']} threads: a step uses every core, start "
-                                    f"it with --nthreads 1 (--nworkers N for several)")
+                                    f"it with --nthreads 1 (several worker processes for several)")
                 if problems:
                     self.refused[address] = problems
                     warn(f"refusing dask worker {w.get('name')} ({address}): " + "; ".join(problems))
                 else:
+                    lacks = sorted(t for t, v in theirs.get("tools", {}).items() if v == "missing")
                     self.workers[address] = {"name": str(w.get("name")), "host": w.get("host"),
-                                             "resources": dict(w.get("resources") or {})}
+                                             "resources": dict(w.get("resources") or {}),
+                                             "lacks": lacks}
 
-    def _able(self, wanted: dict) -> list[str]:
-        """The admitted workers, alive now, that offer every resource in `wanted`."""
+    def able(self, wanted: dict, tools: tuple = ()) -> list[str]:
+        """The admitted workers, alive now, that offer every resource in `wanted` and have every
+        tool in `tools` (an optional tool a worker may lack, such as a cross compiler)."""
+        self._admit()
         alive = set(self.client.scheduler_info()["workers"])
         return sorted(a for a, w in self.workers.items() if a in alive
-                      and all(w["resources"].get(r, 0) >= n for r, n in wanted.items()))
+                      and all(w["resources"].get(r, 0) >= n for r, n in wanted.items())
+                      and not set(tools) & set(w["lacks"]))
+
+    def wait(self, future, wanted: dict, where: dict, what: str = "the step", tools: tuple = (),
+             deadline: float | None = None):
+        """The future's result; a clear error when every worker that could run it has gone (for
+        longer than the connection timeout), or when it killed worker after worker. With a
+        `deadline` (time.monotonic()), None once it has passed, the future cancelled."""
+        gone_since = None
+        while True:
+            try:
+                return future.result(timeout=WAIT_S if deadline is None else
+                                     max(0.01, min(WAIT_S, deadline - time.monotonic())))
+            except distributed.TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    future.cancel()
+                    return None
+            except distributed.KilledWorker as exc:
+                raise PipelineError(f"{what} was running on workers that died one after another "
+                                    f"({exc}); the scheduler gave up on it",
+                                    hint="look at the workers' logs and memory (a step that takes "
+                                         "more memory than a worker has kills it)", **where) from None
+            if self.able(wanted, tools):
+                gone_since = None
+            elif gone_since is None:
+                gone_since = time.monotonic()
+            elif time.monotonic() - gone_since > self.timeout:
+                future.cancel()
+                raise PipelineError(f"every worker of {self.scheduler} that could run {what} has "
+                                    f"left the cluster", hint="start workers again (docs/cluster.md) "
+                                    "and run the command again: what was done is kept", **where)
+
+    def close(self) -> None:
+        client, self.client = getattr(self, "client", None), None
+        if client is not None:
+            try:
+                client.close(timeout=self.timeout)
+            except (OSError, TimeoutError, RuntimeError):
+                pass
+
+
+class DaskExecutor(Cluster, executor.Executor):
+    """Runs steps on the admitted workers of a Dask cluster (see the module's docstring)."""
+
+    name = "dask"
+
+    def __init__(self, scheduler: str, remote, timeout: float | None = None):
+        self.remote = remote
+        self._sent: set[str] = set()            # objects known to be in the cache's CAS
+        self._mine: set[str] = set()            # keys this build has in flight
+        super().__init__(scheduler, timeout, name="modelyard-build")
+        self.client.subscribe_topic(TOPIC, self._on_event)
 
     def doit_config(self) -> dict:
         """doit runs as many steps at once as there are admitted workers, in threads, each
@@ -345,8 +432,7 @@ class DaskExecutor(executor.Executor):
     def run(self, step, key: str, parts: dict, scratch: Path, store_: Store) -> dict:
         wanted = needs(step)
         where = dict(stage=step.stage, **step.where)
-        self._admit()
-        able = self._able(wanted)
+        able = self.able(wanted)
         if not able:
             offered = ", ".join(f"{r} ({RESOURCES[r]})" for r in sorted(wanted))
             raise PipelineError(f"no admitted worker of the Dask cluster {self.scheduler} offers "
@@ -360,7 +446,7 @@ class DaskExecutor(executor.Executor):
         future = self.client.submit(run_action, action, key=key, workers=able,
                                     resources=wanted or None, allow_other_workers=False, pure=False)
         try:
-            result = self._wait(future, step, wanted, where)
+            result = self.wait(future, wanted, where)
         finally:
             future.release()
             self._mine.discard(key)
@@ -394,30 +480,6 @@ class DaskExecutor(executor.Executor):
                                     hint="the cluster needs a cache this machine can write to", **where) from None
             self._sent.add(digest)
 
-    def _wait(self, future, step, wanted: dict, where: dict) -> ActionResult:
-        """The future's result; a clear error when every worker that could run it has gone, or
-        when it killed worker after worker."""
-        gone_since = None
-        while True:
-            try:
-                return future.result(timeout=WAIT_S)
-            except distributed.TimeoutError:
-                pass
-            except distributed.KilledWorker as exc:
-                raise PipelineError(f"the step was running on workers that died one after another "
-                                    f"({exc}); the scheduler gave up on it",
-                                    hint="look at the workers' logs and memory (a step that takes "
-                                         "more memory than a worker has kills it)", **where) from None
-            if self._able(wanted):
-                gone_since = None
-            elif gone_since is None:
-                gone_since = time.monotonic()
-            elif time.monotonic() - gone_since > self.timeout:
-                future.cancel()
-                raise PipelineError(f"every worker of {self.scheduler} that could run the step has "
-                                    f"left the cluster", hint="start workers again (docs/cluster.md) "
-                                    "and build again: what was done is in the cache", **where)
-
     def _write_log(self, step, result: ActionResult, submitted: float) -> None:
         """The worker's log of the step, as the step's log here, headed by where it ran."""
         step.log.parent.mkdir(parents=True, exist_ok=True)
@@ -439,14 +501,6 @@ class DaskExecutor(executor.Executor):
         msg = event[1]
         if isinstance(msg, dict) and msg.get("key") in self._mine:
             warn(f"{msg['step']} started on worker {msg['worker_name']} ({msg['host']})")
-
-    def close(self) -> None:
-        client, self.client = getattr(self, "client", None), None
-        if client is not None:
-            try:
-                client.close(timeout=self.timeout)
-            except (OSError, TimeoutError, RuntimeError):
-                pass
 
 
 def cluster_record(log: Path) -> Path:

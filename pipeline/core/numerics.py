@@ -145,13 +145,21 @@ def _floats(row: dict, actual, expected, tol: dict) -> None:
 
 def _cosine(a, e) -> float:
     """Cosine similarity of `a` and of `e`, which is not all zeros. Each is scaled by its peak
-    first: no overflow, and equal outputs give exactly 1."""
+    first: no overflow, and equal outputs give exactly 1. The sums are exactly rounded
+    (math.fsum), not BLAS dot products: those add in an order that depends on the BLAS's thread
+    count, and the same step on machines with other core counts (or under a Dask nanny, which
+    sets one thread) wrote other last digits into validation.json."""
+    import math
+
     import numpy as np
     peak = np.abs(a).max()
     if peak == 0:
         return 0.0
-    a, e = a / peak, e / np.abs(e).max()
-    return float(np.clip(np.dot(a, e) / np.sqrt(np.dot(a, a) * np.dot(e, e)), -1, 1))
+    a, e = (a / peak).ravel(), (e / np.abs(e).max()).ravel()
+
+    def dot(x, y) -> float:
+        return math.fsum((x * y).tolist())
+    return float(np.clip(dot(a, e) / math.sqrt(dot(a, a) * dot(e, e)), -1, 1))
 
 
 def _why_no_cosine(expected, tol: dict) -> str | None:

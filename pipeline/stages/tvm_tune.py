@@ -43,7 +43,10 @@ and never shown as performance.
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -77,6 +80,7 @@ SEED = 0
 POPULATION_PER_TRIAL, POPULATION_MIN, POPULATION_MAX = 32, 64, 512
 PROGRESS = "[tune] "  # the tuning child's progress lines start with it
 NOT_COVERED = 4       # the child's exit code: the pinned database does not cover the budget
+CLUSTER_FAILED = 5    # the child's exit code: the Dask cluster could not build the candidates
 PIN_MODES = {"0": None, "false": None, "no": None, "1": "shared", "true": "shared",
              "yes": "shared", "shared": "shared", "model": "model"}
 
@@ -243,6 +247,8 @@ def _run_child(ctx, pin: Path | None, work: Path | None, sources: tuple, farm: d
     if farm.get("tracker"):
         argv += ["--tracker", farm["tracker"], "--key", farm["key"]]
         argv += ["--emulated"] if farm.get("emulated") else []
+    if farm.get("scheduler"):   # the candidates are built on this Dask cluster's workers
+        argv += ["--scheduler", farm["scheduler"]]
     scheduler_log = ctx.scratch / "work" / "logs" / "tvm.s_tir.meta_schedule.logging.task_scheduler.log"
     return _run_following(argv, ctx.log, scheduler_log, where)
 
@@ -254,6 +260,7 @@ def _summary(result) -> dict:
 def _tune(ctx, want: dict, farm: dict, pin: Path | None, sources: tuple) -> None:
     cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
+    builds = {"scheduler": farm["scheduler"]} if farm.get("scheduler") else {}
     if cfg.cross or farm.get("tracker"):
         tracker, key = farm.get("tracker"), farm.get("key")
         if not tracker or not key:
@@ -263,11 +270,11 @@ def _tune(ctx, want: dict, farm: dict, pin: Path | None, sources: tuple) -> None
                                  "the ABI in the target's YAML); start boards with `python -m "
                                  "tvm.exec.rpc_server --tracker HOST:PORT --key KEY`")
         check_tracker(tracker, key, where, wait_s=farm.get("wait_s", 60))
-        farm = {**farm, "tracker": tracker, "key": key}
+        farm = {**farm, "tracker": tracker, "key": key, **builds}
         measured_on = {"runner": "rpc", "tracker": tracker, "key": key,
                        "emulated": bool(farm.get("emulated"))}
     else:
-        farm = {}
+        farm = builds
         measured_on = {"runner": "local", "machine": cpu_model(), "emulated": False}
     work = work_database(ctx.step.layout, cfg.target_name, abi_of(ctx.step), cfg.target, where,
                          emulated=measured_on["emulated"])
@@ -397,14 +404,17 @@ def pin_mode(value) -> str | None:
     return PIN_MODES[mode]
 
 
-def command(project, target: str | None, model: str | None, farm: dict, pin="0") -> str:
-    """`doit tune`: run every tuning step of a target (or of one model) with tuning allowed."""
+def command(project, target: str | None, model: str | None, farm: dict, pin="0",
+            executor: str = "local", scheduler: str | None = None) -> str:
+    """`doit tune`: run every tuning step of a target (or of one model) with tuning allowed, here
+    (the working database is this machine's); executor=dask builds the candidates on a cluster."""
     from ..core.steps import execute
     where = {"stage": "tvm_tune", "target": target}
     pin = pin_mode(pin)
     if not target:
         raise PipelineError("tuning is for one target: say target=NAME", stage="tvm_tune",
                             hint=f"known targets: {', '.join(t.name for t in project.targets)}")
+    farm = {**farm, "scheduler": candidate_cluster(executor, scheduler)}
     steps = tune_steps(project, target, model, farm=farm, allow_tuning=True,
                        ignore_pins=pin is not None)
     if not steps:
@@ -442,6 +452,30 @@ def command(project, target: str | None, model: str | None, farm: dict, pin="0")
             lines += pin_shared(project, step)
     lines.append(f"the next `doit build target={target}` applies the database(s), 0 trials")
     return "\n".join(lines)
+
+
+def candidate_cluster(mode: str, scheduler: str | None) -> str | None:
+    """`doit tune executor=...`: the Dask scheduler whose workers build MetaSchedule's candidates,
+    or None (LocalBuilder here). `dask` must reach it and have a worker admitted (same code and
+    tools as here: docs/cluster.md), or fails; `auto` then warns once and builds here."""
+    if mode in (None, "local") or (mode == "auto" and not scheduler):
+        return None
+    from ..core import dask_executor  # imports distributed (1.2 s): only when a cluster is asked for
+    try:
+        if mode not in dask_executor.EXECUTORS:
+            raise PipelineError(f"executor={mode!r} is not one of "
+                                f"{', '.join(dask_executor.EXECUTORS)}", stage="tvm_tune",
+                                hint="executor=dask scheduler=tcp://HOST:8786")
+        if not scheduler:
+            raise PipelineError("executor=dask needs the scheduler's address", stage="tvm_tune",
+                                hint="scheduler=tcp://HOST:8786 (or `scheduler` in [tool.modelyard])")
+        dask_executor.Cluster(scheduler, name="modelyard-tune").close()
+        return scheduler
+    except PipelineError as err:
+        if mode != "auto" or err.what.startswith("executor="):
+            raise
+        dask_executor.warn(f"executor=auto: {err.what}; building the tuning candidates here")
+        return None
 
 
 def pin_shared(project, step: Step) -> list[str]:
@@ -605,6 +639,148 @@ def export_aarch64(mod) -> str:
     return path
 
 
+def export_host(mod) -> str:
+    """A cluster worker's export of a host candidate: a .so linked there (g++), which this
+    machine's runner loads as it is (LocalBuilder's default, a .tar, is linked by the runner)."""
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="modelyard-tune-"), "candidate.so")
+    mod.export_library(path)
+    return path
+
+
+def remote_build(mod_json: str, target_json: str, params: bytes | None, cross: bool) -> dict:
+    """One candidate build on a Dask worker (`doit tune executor=dask`): what LocalBuilder's
+    worker process does here (build_candidate, then the export), returning the library's bytes.
+    A candidate that does not build is a failed trial, as with LocalBuilder: its error is
+    returned, not raised."""
+    import tvm
+    from tvm.runtime import load_param_dict
+    try:
+        built = build_candidate(tvm.ir.load_json(mod_json), tvm.ir.load_json(target_json),
+                                load_param_dict(bytearray(params)) if params else None)
+        path = Path(export_aarch64(built) if cross else export_host(built))
+        data = path.read_bytes()
+        shutil.rmtree(path.parent, ignore_errors=True)
+        return {"artifact": data, "error": None}
+    except Exception as exc:  # noqa: BLE001 (LocalBuilder records any build failure as the trial's)
+        return {"artifact": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+class ClusterBuilds:
+    """`doit tune executor=dask`: MetaSchedule's candidate builds go to the admitted workers of a
+    Dask cluster (core/dask_executor.py: same code and tools as here), as many at once as there
+    are workers; the measuring (LocalRunner here, or the boards of the RPC tracker) and the
+    working database stay on this machine, the only writer of the records.
+
+    A candidate travels as TVM's JSON of its IRModule and target (a few kB); the worker builds it
+    with the function LocalBuilder calls here (build_candidate), exports a shared library (linked
+    for aarch64 by the cross compiler, for boards) and returns its bytes, which are written under
+    `folder` (a folder per candidate, which the runner removes once it is measured). Each build
+    prints where it ran into the step's log. A worker killed mid-build: the scheduler gives the
+    build to another worker. Every worker gone (or a build that killed three): `fatal` says so,
+    and the tuning stops with that error; the trials already measured stay in the working
+    database (the next `doit tune` resumes)."""
+
+    def __init__(self, scheduler: str, cross: bool, folder: Path):
+        from ..core import dask_executor  # imports distributed (1.2 s): only for a cluster
+        self.dask, self.cross, self.folder = dask_executor, cross, folder
+        self.cluster = dask_executor.Cluster(scheduler, name="modelyard-tune")
+        self.tools = ("aarch64-linux-gnu-g++",) if cross else ("g++",)
+        self.built_on: dict[str, int] = {}
+        self.fatal: PipelineError | None = None
+        self.where = {"stage": "tvm_tune"}
+        if not self.cluster.able({}, self.tools):
+            self.cluster.close()
+            raise PipelineError(f"no admitted worker of the Dask cluster {scheduler} has "
+                                f"{self.tools[0]}, which builds the tuning candidates",
+                                hint="run ./setup.sh on the workers (it installs it), or tune "
+                                     "with executor=local", **self.where)
+
+    def builder(self):
+        """The MetaSchedule builder object (a PyBuilder) that calls build()."""
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir import meta_schedule as ms
+        builds = self
+
+        @derived_object
+        class DaskBuilder(ms.builder.PyBuilder):
+            def build(self, build_inputs):
+                return builds.build(build_inputs)
+
+        return DaskBuilder()
+
+    def build(self, build_inputs: list) -> list:
+        from tvm.s_tir import meta_schedule as ms
+        try:
+            return [ms.builder.BuilderResult(path, error) for path, error in self._build(build_inputs)]
+        except PipelineError as err:   # MetaSchedule would pass it on as a bare RuntimeError
+            self.fatal = err
+            raise
+
+    def _build(self, build_inputs: list) -> list[tuple[str | None, str | None]]:
+        import tvm
+        from tvm.runtime import save_param_dict
+        this = importlib.import_module(__spec__.name if __spec__ else __name__)  # never __main__
+        able = self.cluster.able({}, self.tools)
+        if not able:
+            raise PipelineError(f"no worker of the Dask cluster {self.cluster.scheduler} that could "
+                                f"build tuning candidates is left", hint="start workers again "
+                                "(docs/cluster.md) and run `doit tune` again: it resumes from the "
+                                "trials measured so far", **self.where)
+        started = time.monotonic()
+        # a batch of builds waits for the slowest worker's share, each build within the timeout
+        deadline = started + BUILDER_TIMEOUT_S * math.ceil(len(build_inputs) / len(able))
+        jobs = []
+        for one in build_inputs:
+            mod, target = tvm.ir.save_json(one.mod), tvm.ir.save_json(one.target)
+            params = bytes(save_param_dict(one.params)) if one.params is not None else None
+            digest = hashlib.sha256("\0".join((mod, target, str(self.cross))).encode()
+                                    + (params or b"")).hexdigest()
+            jobs.append((digest, self.cluster.client.submit(
+                self.dask.run_call, f"tvm_tune candidate {digest[:12]}", this.remote_build, mod,
+                target, params, self.cross, key=f"modelyard-tune-build-{digest}", workers=able,
+                allow_other_workers=False, pure=False)))
+        out, batch = [], {}
+        for digest, future in jobs:
+            what = f"the tuning candidate build {digest[:12]}"
+            try:
+                done = self.cluster.wait(future, {}, self.where, what=what, tools=self.tools,
+                                         deadline=deadline)
+            finally:
+                future.release()
+            if done is None:
+                print(f"candidate {digest[:12]}: not built within {BUILDER_TIMEOUT_S} s on the "
+                      f"cluster", flush=True)
+                out.append((None, f"DaskBuilder: not built within {BUILDER_TIMEOUT_S} s"))
+                continue
+            name, result = done["worker_name"], done["value"]
+            batch[name] = batch.get(name, 0) + 1
+            print(f"candidate {digest[:12]} built on dask worker {name} ({done['worker']}, host "
+                  f"{done['host']}) in {done['finished'] - done['started']:.1f} s"
+                  + (f": {result['error'].splitlines()[0][:200]}" if result["error"] else ""), flush=True)
+            if result["error"]:
+                out.append((None, f"DaskBuilder on worker {name}: {result['error']}"))
+                continue
+            path = self.folder / digest / "candidate.so"  # a folder each: the runner removes it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(result["artifact"])
+            out.append((str(path), None))
+        for name, n in batch.items():
+            self.built_on[name] = self.built_on.get(name, 0) + n
+        print(f"{PROGRESS}built {len(build_inputs)} candidates on dask workers "
+              + ", ".join(f"{w} ({n})" for w, n in sorted(batch.items()))
+              + f" in {time.monotonic() - started:.1f} s", flush=True)
+        return out
+
+    def describe(self) -> dict:
+        """What tune.json records of the builds: where they ran."""
+        return {"kind": "dask", "scheduler": self.cluster.scheduler,
+                "built_on": dict(sorted(self.built_on.items()))}
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
 class Progress:
     """What the tuning child prints per measured batch: the task, its trials and best latency,
     the budget done (what the database already had, plus this run), the time since the run
@@ -759,7 +935,21 @@ def main(argv=None) -> int:
     if plan.covered:
         print("[tune] the shared database already covers the budget: 0 trials to run", flush=True)
         return _finish(db, keys, tasks, task_keys, args, "tuned", plan, run=0)
-    dry, progress = _tune_groups(work, tasks, plan, args)
+    builds = None
+    try:
+        if args.scheduler:
+            builds = ClusterBuilds(args.scheduler, cross=args.linker != "g++",
+                                   folder=Path(args.out).parent / "candidates")
+        dry, progress = _tune_groups(work, tasks, plan, args, builds)
+    except Exception as exc:  # MetaSchedule hands a builder's exception back as a RuntimeError
+        failure = exc if isinstance(exc, PipelineError) else builds and builds.fatal
+        if not failure:
+            raise
+        print(failure.render(), file=sys.stderr, flush=True)
+        return CLUSTER_FAILED
+    finally:
+        if builds is not None:
+            builds.close()
     db = _read(work)
     keys += workload_keys(db.workloads[len(keys):])  # the workloads MetaSchedule added
     index = _first_index(keys)
@@ -767,7 +957,8 @@ def main(argv=None) -> int:
     if marks:
         tuning_db.append(work, tuning_db.Merge([], [], marks, []), db.meta)
         db = _read(work)
-    return _finish(db, keys, tasks, task_keys, args, "tuned", plan, run=progress.run)
+    return _finish(db, keys, tasks, task_keys, args, "tuned", plan, run=progress.run,
+                   builder=builds.describe() if builds is not None else None)
 
 
 def _parser():
@@ -788,6 +979,7 @@ def _parser():
     parser.add_argument("--tracker")
     parser.add_argument("--key")
     parser.add_argument("--emulated", action="store_true", help="the boards are emulators")
+    parser.add_argument("--scheduler", help="a Dask scheduler whose workers build the candidates")
     return parser
 
 
@@ -846,15 +1038,17 @@ def _open_work(work: Path, sources: list) -> tuple[tuning_db.Database, list]:
     return db, keys
 
 
-def _tune_groups(work: Path, tasks: list, plan: tuning_db.Plan, args) -> tuple[list[int], Progress]:
+def _tune_groups(work: Path, tasks: list, plan: tuning_db.Plan, args,
+                 builds: "ClusterBuilds | None" = None) -> tuple[list[int], Progress]:
     """MetaSchedule on the tasks that need trials, one run per per-task cap, appending to the
-    working database; returns the tasks found dry, and the progress (trials per task)."""
+    working database; returns the tasks found dry, and the progress (trials per task). The
+    candidates are built here (LocalBuilder), or on a Dask cluster's workers (`builds`)."""
     from tvm.s_tir import meta_schedule as ms
     cross = args.linker != "g++"
     workers = 1 if cross else max(1, min(2, os.cpu_count() or 1))
-    builder = ms.builder.LocalBuilder(timeout_sec=BUILDER_TIMEOUT_S, max_workers=workers,
-                                      f_build=build_candidate,
-                                      f_export=export_aarch64 if cross else None)
+    builder = builds.builder() if builds is not None else ms.builder.LocalBuilder(
+        timeout_sec=BUILDER_TIMEOUT_S, max_workers=workers, f_build=build_candidate,
+        f_export=export_aarch64 if cross else None)
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=0 if args.tracker else 50)
     if args.tracker:
         host, _, port = args.tracker.rpartition(":")
@@ -899,7 +1093,8 @@ def search_population(per_task: int) -> int:
     return max(POPULATION_MIN, min(POPULATION_MAX, POPULATION_PER_TRIAL * per_task))
 
 
-def _finish(db, keys, tasks, task_keys, args, source: str, plan, run: int) -> int:
+def _finish(db, keys, tasks, task_keys, args, source: str, plan, run: int,
+            builder: dict | None = None) -> int:
     """Write the model's part of `db` into --out; print its summary (the last line)."""
     result = tuning_db.select(db, keys, task_keys)
     result.write(Path(args.out))
@@ -916,7 +1111,8 @@ def _finish(db, keys, tasks, task_keys, args, source: str, plan, run: int) -> in
         "workloads_tuned": len(best),
         "exhausted_workloads": sorted(int(i) for i in result.meta.get("exhausted", {})),
         "best_latency_us": {str(k): round(v * 1e6, 3) for k, v in sorted(best.items())},
-        "plan": plan.describe()}, sort_keys=True), flush=True)
+        "plan": plan.describe(), **({"builder": builder} if builder else {})},
+        sort_keys=True), flush=True)
     return 0
 
 

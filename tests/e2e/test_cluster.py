@@ -1,6 +1,9 @@
 """Builds on a real Dask cluster on loopback: a `dask scheduler` and `dask worker` processes
 (one step at a time each, different resources), with nginx as the remote cache the inputs and
-outputs travel through. Tiny models for `host`, compared byte for byte with a local build.
+outputs travel through. Tiny models for `host` and for `rk3588`'s aarch64 CPU and portable Vulkan
+ABIs, compared byte for byte with a local build; validation under qemu and on lavapipe only on
+workers that offer `qemu` and `vulkan`. `doit tune executor=dask`: MetaSchedule's candidates
+built on the workers, measured here, one worker killed midway.
 
 Faults: a worker killed mid-step (its step runs again on the other one, same bytes, nothing
 half-written in the cache); no scheduler at start (a clear error, or `executor=auto` builds
@@ -117,20 +120,32 @@ def other_checkout(tmp_path: Path) -> Path:
     return folder
 
 
-def test_a_build_on_two_workers_is_byte_identical_and_survives_a_killed_worker(tmp_path, cluster):
-    # the host's IREE ABI only: the suite's time goes to the cluster, not to a second compiler
-    targets = f"targets={target_registry(tmp_path / 'targets', lambda abi: abi['compiler'] == 'iree')}"
+# What each worker of the build test offers (`--resources`): c offers neither qemu nor vulkan.
+OFFERS = {"a": {"qemu", "vulkan"}, "b": {"qemu", "vulkan"}, "c": {"tune"}}
+
+
+def iree_cpu_and_portable_vulkan(abi: dict) -> bool:
+    """IREE only (the suite's time goes to the cluster, not to a second compiler): host's CPU
+    ABI, and rk3588's aarch64 CPU ABI (validated under qemu) and portable Vulkan ABI (validated
+    on lavapipe), whose validate steps need a worker's `qemu` and `vulkan`."""
+    return abi["compiler"] == "iree" and (abi.get("arch") in ("x86_64", "aarch64")
+                                          or abi.get("vulkan_target") == "vp_android_baseline_2022")
+
+
+def test_a_build_on_workers_is_byte_identical_routes_validation_and_survives_a_killed_worker(tmp_path, cluster):
+    registry = target_registry(tmp_path / "targets", iree_cpu_and_portable_vulkan)
+    targets = f"targets={registry}"
     local = Workspace(tmp_path / "local")
     add_tiny_model(local.models, "tiny", seed=31)
-    reference = local.build("target=host", targets)
+    reference = local.build(targets)
 
-    cluster.worker("a", "qemu=1")
-    cluster.worker("b", "tune=1")
+    for name, offers in OFFERS.items():
+        cluster.worker(name, " ".join(f"{r}=1" for r in sorted(offers)))
     cluster.worker("old", code=other_checkout(tmp_path))
-    cluster.wait_for(3)
+    cluster.wait_for(4)
     ws = Workspace(tmp_path / "cluster-ws")
     add_tiny_model(ws.models, "tiny", seed=31)
-    build = subprocess.Popen(cluster.build_argv(ws, "build", "target=host", targets), cwd=ws.root,
+    build = subprocess.Popen(cluster.build_argv(ws, "build", targets), cwd=ws.root,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # the first compile to start on a worker: that worker is killed as soon as the step's log
     # appears (written when the step starts, seconds before the compiler ends even on a fast
@@ -144,9 +159,8 @@ def test_a_build_on_two_workers_is_byte_identical_and_survives_a_killed_worker(t
             cluster.kill(victim)
         time.sleep(0.05)
     out, err = build.communicate(timeout=600)
-    assert victim in ("a", "b"), (victim, out, err)
+    assert victim in OFFERS, (victim, out, err)
     assert build.returncode == 0, out + err
-    survivor = {"a": "b", "b": "a"}[victim]
 
     # every step ran on a worker, the same steps as the local build, the same bytes
     result = subprocess.CompletedProcess([], 0, out, err)
@@ -156,19 +170,31 @@ def test_a_build_on_two_workers_is_byte_identical_and_survives_a_killed_worker(t
     assert "host/tiny/cpu-x86_64/iree_compile/model.vmfb" in outputs(ws)
     step_logs = sorted((ws.artifacts / "logs").glob("*/*.log"))
     assert len(step_logs) == len(ran(reference))
+    ran_on = {}
     for log in step_logs:
         first = log.read_text().splitlines()[0]
-        assert first.startswith("# ran on dask worker a ") or first.startswith("# ran on dask worker b "), (log, first)
+        assert first.startswith("# ran on dask worker "), (log, first)
+        ran_on[log.relative_to(ws.artifacts)] = first.split()[5]
+        assert first.split()[5] in OFFERS, (log, first)
         record = json.loads(log.with_name(log.name.replace(".log", ".cluster.json")).read_text())
         assert record["how"] == "ran" and record["submitted"] <= record["started"] <= record["restored"]
-    # the killed step ran again, on the other worker
+    # the killed step ran again, on another worker
     again = (ws.artifacts / "logs" / killed_log).read_text()
-    assert again.startswith(f"# ran on dask worker {survivor} "), again[:200]
+    assert again.startswith("# ran on dask worker ") and ran_on["logs" / killed_log] != victim
+    # validation under qemu and on lavapipe ran on workers that offer them, never elsewhere
+    project = load_project(ws.models, ws.artifacts, None, registry)
+    needs = {step.log.relative_to(project.layout.root): set(dask_executor.needs(step))
+             for stage in ("validate", "iree_compile") for step in project.steps(stage)}
+    assert {frozenset(n) for n in needs.values()} == {frozenset(), frozenset({"qemu"}), frozenset({"vulkan"})}
+    for log, needed in needs.items():
+        assert needed <= OFFERS[ran_on[log]], (log, ran_on[log], needed)
+    assert not [p for p in cluster.workers.glob("c/*/artifacts/logs/validate/*.log")
+                if needs[Path("logs/validate") / p.name]]
     # the worker with other code was refused, with the reason, and ran nothing
     assert "refusing dask worker old" in err and "its pipeline code differs" in err, err
     assert not list(cluster.workers.glob("old/*/artifacts/logs/*/*.log"))
     # console progress: what runs where
-    assert f"{killed_log.parts[0]}:host/tiny/" in err and "started on worker" in err
+    assert f"{killed_log.parts[0]}:{killed_log.name.split('_')[0]}/tiny/" in err and "started on worker" in err
     # nothing half-written in the cache: every record names objects that are there, intact
     served = cluster.nginx.www / "cache"
     records = sorted((served / "ac").iterdir())
@@ -182,8 +208,8 @@ def test_a_build_on_two_workers_is_byte_identical_and_survives_a_killed_worker(t
                              "status", f"scheduler={cluster.address}", f"artifacts={ws.artifacts}"],
                             cwd=ws.root, capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert f"scheduler {cluster.address}: 2 worker(s)" in status.stdout, status.stdout
-    assert f"  {survivor}  tcp://127.0.0.1:" in status.stdout
+    assert f"scheduler {cluster.address}: 3 worker(s)" in status.stdout, status.stdout
+    assert all(f"  {w}  tcp://127.0.0.1:" in status.stdout for w in OFFERS if w != victim)
     assert "same code and tools as this machine" in status.stdout
     assert "REFUSED by a build from here: its pipeline code differs" in status.stdout
 
@@ -269,6 +295,81 @@ def test_a_cluster_whose_only_worker_runs_other_code_is_refused(tmp_path, cluste
     assert ran(result) == [] and not (ws.artifacts / "models").exists()
 
 
+def test_doit_tune_builds_its_candidates_on_the_workers_and_survives_a_killed_one(tmp_path, cluster):
+    """`doit tune executor=dask`: the tuning runs here (its database is this machine's), each
+    MetaSchedule candidate is built on a worker and measured here; a worker killed after its
+    first build leaves the rest to the other; the records apply in the next build."""
+    targets = f"targets={target_registry(tmp_path / 'targets', lambda abi: abi['compiler'] == 'tvm')}"
+    cluster.worker("a")
+    cluster.worker("b")
+    cluster.wait_for(2)
+    ws = Workspace(tmp_path / "ws")
+    add_tiny_model(ws.models, "alpha", seed=1)
+    spec = ws.models / "alpha" / "model.yaml"
+    spec.write_text(spec.read_text() + "tvm:\n  tune:\n    host: {trials: 4, per_task: 1}\n")
+    argv = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "tune", "target=host",
+            targets, f"models={ws.models}", f"artifacts={ws.artifacts}", "executor=dask",
+            f"scheduler={cluster.address}"]
+    started = time.monotonic()
+    tune = subprocess.Popen(argv, cwd=ws.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the tuning child writes a line per candidate build into the step's log: the worker that
+    # built the first one is killed there and then, with the tuning under way
+    log = ws.artifacts / "logs/tvm_tune/host_alpha_cpu-x86_64-tvm.log"
+    deadline, victim = time.monotonic() + 400, None
+    while victim is None and tune.poll() is None and time.monotonic() < deadline:
+        built = [l for l in (log.read_text().splitlines() if log.is_file() else [])
+                 if " built on dask worker " in l]
+        if built:
+            victim = built[0].split(" built on dask worker ")[1].split()[0]
+            cluster.kill(victim)
+        time.sleep(0.05)
+    out, err = tune.communicate(timeout=600)
+    seconds = time.monotonic() - started
+    assert victim in ("a", "b"), (victim, out, err)
+    assert tune.returncode == 0, out + err
+    survivor = {"a": "b", "b": "a"}[victim]
+
+    # every candidate was built on a worker (the log says which), measured here, into this
+    # machine's working database; the console has a line per batch
+    text = log.read_text()
+    builds = [l for l in text.splitlines() if " built on dask worker " in l]
+    assert all(l.startswith("candidate ") for l in builds)
+    assert {l.split(" built on dask worker ")[1].split()[0] for l in builds} == {victim, survivor}
+    assert any(f" built on dask worker {survivor} " in l for l in builds[1:])  # after the kill too
+    batches = [l for l in out.splitlines() if l.startswith("[tune] built ") and "on dask workers" in l]
+    assert batches and sum(int(l.split()[2]) for l in batches) == len(builds)
+    assert not list(cluster.workers.glob("*/*/artifacts/tuning"))  # no worker keeps a database
+    report = json.loads((ws.artifacts / "host/alpha/cpu-x86_64-tvm/tvm_tune/tune.json").read_text())
+    assert report["builder"]["kind"] == "dask" and report["builder"]["scheduler"] == cluster.address
+    assert sum(report["builder"]["built_on"].values()) == len(builds) >= report["trials_run"] > 0
+    assert report["measured_on"]["runner"] == "local" and report["source"] == "tuned"
+    # the records are MetaSchedule's own, as a local tuning writes them: the same tasks, every
+    # trial measured (a failed build or run is recorded as 1e10 s), and a build applies them
+    assert len(report["tasks"]) == 4 and 0 < report["trials_spent"] <= 4
+    records = (ws.artifacts / "host/alpha/cpu-x86_64-tvm/tvm_tune/database_tuning_record.json")
+    runs = [json.loads(l)[1][1] for l in records.read_text().splitlines()]
+    assert len(runs) == report["trials_spent"] and all(max(map(float, r)) < 1e9 for r in runs)
+    work = ws.artifacts / "tuning/host/cpu-x86_64-tvm"
+    assert sum(1 for _ in next(work.iterdir()).joinpath("database_tuning_record.json").open()) >= len(runs)
+    build = ws.build("target=host", targets)
+    compiled = json.loads((ws.artifacts / "host/alpha/cpu-x86_64-tvm/tvm_compile/compile.json").read_text())
+    assert compiled["tuning_records"] == report["trials_spent"]
+    assert "validate:host/alpha/cpu-x86_64-tvm" in ran(build)
+    print(f"doit tune on 2 workers, one killed (4 trials, tiny model): {seconds:.0f} s")
+
+    # no cluster: executor=dask fails at once, saying so; executor=auto warns once and tunes
+    # here (the budget is covered now: 0 trials)
+    nobody = f"tcp://127.0.0.1:{free_port()}"
+    down = ws.doit("tune", "target=host", targets, "executor=dask", f"scheduler={nobody}")
+    assert down.returncode != 0
+    assert f"[stage=cluster] cannot reach the Dask scheduler {nobody}" in down.stdout + down.stderr
+    auto = ws.doit("tune", "target=host", targets, "executor=auto", f"scheduler={nobody}")
+    assert auto.returncode == 0, auto.stdout + auto.stderr
+    warnings = [l for l in auto.stderr.splitlines() if "executor=auto" in l]
+    assert len(warnings) == 1 and "building the tuning candidates here" in warnings[0], auto.stderr
+    assert "already tuned under this key" in auto.stdout
+
+
 # ----------------------------------------------------------------------------- the pure parts
 def test_what_a_step_needs_of_a_worker(tmp_path):
     ws = Workspace(tmp_path / "ws")
@@ -291,6 +392,12 @@ def test_differences_say_what_refuses_a_worker():
     assert dask_executor.differences(ours, other) == [
         "its pipeline code differs (sha256 bbbbbbbbbbbb there, aaaaaaaaaaaa here: another "
         "checkout, or local edits)", "onnx 1.22.0 there, 1.23.2 here"]
+    # a worker spawned by Dask's nanny runs numpy's BLAS on one thread: other float64 sums
+    ours = {**ours, "threads": {"OPENBLAS_NUM_THREADS": None}}
+    nanny = {**ours, "threads": {"OPENBLAS_NUM_THREADS": "1"}}
+    assert dask_executor.differences(ours, nanny) == [
+        "OPENBLAS_NUM_THREADS=1 there, (unset) here (Dask's nanny sets the thread counts to 1: "
+        "start the worker with --no-nanny)"]
 
 
 def test_places_keep_paths_under_the_artifacts_folder(tmp_path):

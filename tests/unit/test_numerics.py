@@ -206,3 +206,22 @@ def test_the_spec_gives_what_compare_takes():
     for bad in ({"integer_steps": -1}, {"integer_steps": 1.5}, {"bool_mismatch": 1.5}):
         with pytest.raises(ValidationError):
             ToleranceDoc.model_validate({**TOL, **bad})
+
+
+
+def test_cosine_does_not_depend_on_the_blas_thread_count():
+    """The cosine's sums are exactly rounded: the same outputs give the same last digit whatever
+    the BLAS's threads (a Dask nanny sets one, a bigger machine uses more; numpy's dot product of
+    these arrays differs in its 15th digit between 1 and 2 OpenBLAS threads)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import numpy as np; from pipeline.core.numerics import _cosine; "
+            "r = np.random.default_rng(0); e = r.standard_normal(300_000); "
+            "a = e + 1e-3 * r.standard_normal(300_000); print(repr(_cosine(a, e)))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).resolve().parents[2],
+                           env={**os.environ, "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n}).stdout
+            for n in ("1", "2", "4")}
+    assert len(outs) == 1, outs

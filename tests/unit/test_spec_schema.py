@@ -214,4 +214,4 @@ def test_the_parsed_specs_are_typed_documents_turned_into_the_frozen_specs():
     assert (tvm.num_cores, tvm.tune, tvm.run) == (4, {"key": "rk3588"},
                                                   {"via": "qemu", "device": "cpu", "qemu_cpu": "cortex-a76"})
     assert target.ship == ({"name": "cpu", "abis": ["cpu-aarch64", "cpu-aarch64-tvm"],
-                            "policy": "prefer", "proxies": {}},)
+                            "policy": "prefer", "proxies": {}, "build": "shipped"},)
