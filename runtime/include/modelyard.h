@@ -12,9 +12,10 @@
  * The release's release.json drives it: the model's I/O contract (`io`), the target's fallback
  * order, and per artifact its file, sha256 and `requires`. modelyard_open walks the fallback
  * order and loads the first artifact this device can run, as pipeline/run/app.py's Runner does:
- * a Vulkan artifact when a Vulkan device is present (a software rasterizer only when asked), else
- * the CPU artifact of this machine's architecture the release ships (IREE local-task, or TVM's
- * runtime for a `tvm-so` artifact). Every function returns a status; none aborts. The message of
+ * a Vulkan artifact when the device IREE's Vulkan driver would use meets the artifact's recorded
+ * requirements (API version, features, subgroup size; a software rasterizer only when asked),
+ * else the CPU artifact of this machine's architecture the release ships (IREE local-task, or
+ * TVM's runtime for a `tvm-so` artifact); an NPU (`rknn`) artifact is passed over. Every function returns a status; none aborts. The message of
  * the last failure of the calling thread is modelyard_last_error(). See docs/runtime.md.
  */
 #ifndef MODELYARD_H_
@@ -64,7 +65,9 @@ typedef struct modelyard_tensor_info_s {
 typedef struct modelyard_options_s {
   const char* abi;            /* force this artifact (its ABI name), or a clear error; NULL: choose */
   int allow_software_vulkan;  /* 1: a software rasterizer (lavapipe) counts as a Vulkan device */
-  int cpu_threads;            /* IREE local-task workers; 0: the runtime's default */
+  int cpu_threads;            /* IREE CPU: 1 = local-sync (in the caller's thread), N > 1 = N
+                                 local-task workers, 0 = the artifact's driver with its default
+                                 (local-task: one worker per core) */
   int verify_sha256;          /* 1 (the default when options is NULL): check the artifact's sha256 */
 } modelyard_options_t;
 

@@ -1,10 +1,20 @@
 /* The IREE backend: a .vmfb on a HAL device (local-task / local-sync CPU, or Vulkan). */
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
+#include "iree/base/tooling/flags.h"
 #include "iree/hal/api.h"
+#if MODELYARD_VULKAN
+#include "iree/hal/drivers/vulkan/api.h"
+#include "iree/hal/drivers/vulkan/physical_device.h"
+#include "iree/hal/drivers/vulkan/physical_device_selection.h"
+#include "iree/hal/drivers/vulkan/util/libvulkan.h"
+#endif
 #include "iree/runtime/call.h"
 #include "iree/runtime/instance.h"
 #include "iree/runtime/session.h"
@@ -62,6 +72,22 @@ static iree_hal_element_type_t element_type(modelyard_dtype_t dtype) {
   return IREE_HAL_ELEMENT_TYPE_NONE;
 }
 
+/* Whether an output IREE returns as `got` holds the bytes of the declared `want`: the same type,
+ * or integers (booleans included) of the same width. IREE's integers are signless: a uint8 output
+ * comes back as int8 with the same bytes, and is read as the declared dtype, as
+ * pipeline/stages/validate.py and pipeline/run/app.py do. */
+static int same_bytes(iree_hal_element_type_t got, iree_hal_element_type_t want) {
+  return got == want || (iree_hal_element_numerical_type_is_integer(got) &&
+                         iree_hal_element_numerical_type_is_integer(want) &&
+                         iree_hal_element_bit_count(got) == iree_hal_element_bit_count(want));
+}
+
+static int usable_cpus(void) {
+  cpu_set_t set;
+  int n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
+}
+
 static void destroy(void* opaque) {
   iree_state_t* s = (iree_state_t*)opaque;
   if (!s) return;
@@ -94,6 +120,19 @@ static modelyard_status_t load(const my_load_args_t* a, void** out_state, char* 
   if (!s) return MODELYARD_OUT_OF_MEMORY;
   s->n_inputs = a->n_inputs; s->n_outputs = a->n_outputs;
   s->inputs = a->inputs; s->outputs = a->outputs;
+  if (strcmp(a->device, "local-task") == 0) {
+    /* The worker count, always explicit (IREE's process-wide flags, read when the local-task
+     * driver makes its executor; iree.runtime.flags.parse_flags in Python): the caller's, else
+     * one per usable CPU, like `doit bench` (pipeline/run/timing.py). IREE's own default
+     * (--task_topology_mode=physical_cores) pins each worker to a core: on a loaded 2-core
+     * machine that made ppocr_cls 1.4x slower than these unpinned workers (docs/runtime.md). */
+    char flag[64], program[] = "modelyard";
+    char* argv[] = {program, flag, NULL};
+    char** pargv = argv;
+    int argc = 2;
+    snprintf(flag, sizeof(flag), "--task_topology_group_count=%d", a->threads > 1 ? a->threads : usable_cpus());
+    TRY(iree_flags_parse(IREE_FLAGS_PARSE_MODE_DEFAULT, &argc, &pargv), "setting the worker count");
+  }
   iree_runtime_instance_options_initialize(&iopts);
   iree_runtime_instance_options_use_all_available_drivers(&iopts);
   TRY(iree_runtime_instance_create(&iopts, iree_allocator_system(), &s->instance),
@@ -169,6 +208,14 @@ static modelyard_status_t run(void* opaque, const void* const* inputs, void* con
     iree_hal_buffer_view_t* view = NULL;
     st = iree_runtime_call_outputs_pop_front_buffer_view(&s->call, &view);
     if (!iree_status_is_ok(st)) break;
+    if (!same_bytes(iree_hal_buffer_view_element_type(view), element_type(s->outputs[i].info.dtype))) {
+      snprintf(err, MY_ERR_SIZE, "output %zu (%s) comes back as IREE element type 0x%08x, "
+               "release.json's io says %s (rebuild the artifact, or fix the release's io)", i,
+               s->outputs[i].info.name, (unsigned)iree_hal_buffer_view_element_type(view),
+               s->outputs[i].info.dtype_name);
+      iree_hal_buffer_view_release(view);
+      return MODELYARD_CORRUPT;
+    }
     if (iree_hal_buffer_view_byte_length(view) != s->outputs[i].info.byte_size) {
       snprintf(err, MY_ERR_SIZE, "output %zu (%s) has %zu bytes, release.json's io says %zu",
                i, s->outputs[i].info.name, (size_t)iree_hal_buffer_view_byte_length(view),
@@ -193,37 +240,91 @@ static const my_backend_ops_t OPS = {"iree", load, run, destroy};
 
 const my_backend_ops_t* my_iree_backend(void) { return &OPS; }
 
-int my_iree_vulkan_device(char* name, size_t name_size, char* why, size_t why_size) {
-  iree_hal_driver_registry_t* registry;
-  iree_hal_driver_t* driver = NULL;
-  iree_host_size_t count = 0;
-  iree_hal_device_info_t* infos = NULL;
-  iree_runtime_instance_options_t iopts;
-  iree_runtime_instance_t* instance = NULL;
+#if MODELYARD_VULKAN
+/* The Vulkan device IREE's driver would create ("vulkan", the default selector: the first
+ * device at IREE's HAL baseline), described from the driver's own snapshot of it: what
+ * modelyard.c compares with an artifact's recorded requirements. */
+int my_iree_vulkan_device(my_vk_device_t* out, char* why, size_t why_size) {
+  iree_allocator_t host = iree_allocator_system();
+  iree_hal_vulkan_libvulkan_t libvulkan;
+  iree_hal_vulkan_driver_options_t options;
+  iree_hal_vulkan_physical_device_selector_t selector;
+  iree_hal_vulkan_instance_t instance;
+  iree_hal_vulkan_physical_device_snapshot_t snap;
   iree_status_t st;
-  int found = 0;
-  iree_runtime_instance_options_initialize(&iopts);
-  iree_runtime_instance_options_use_all_available_drivers(&iopts);
-  st = iree_runtime_instance_create(&iopts, iree_allocator_system(), &instance);
-  if (iree_status_is_ok(st)) {
-    registry = iree_runtime_instance_driver_registry(instance);
-    st = iree_hal_driver_registry_try_create(registry, iree_make_cstring_view("vulkan"),
-                                             iree_allocator_system(), &driver);
-  }
-  if (iree_status_is_ok(st))
-    st = iree_hal_driver_query_available_devices(driver, iree_allocator_system(), &count, &infos);
+  memset(out, 0, sizeof(*out));
+  memset(&libvulkan, 0, sizeof(libvulkan));
+  memset(&selector, 0, sizeof(selector));
+  selector.mode = IREE_HAL_VULKAN_PHYSICAL_DEVICE_SELECTOR_DEFAULT;
+  iree_hal_vulkan_driver_options_initialize(&options);
+  st = iree_hal_vulkan_libvulkan_initialize(IREE_HAL_VULKAN_LIBVULKAN_FLAG_NONE,
+                                            options.libvulkan_search_paths, host, &libvulkan);
   if (!iree_status_is_ok(st)) {
-    snprintf(why, why_size, "no Vulkan driver is usable here (%s)",
-             iree_status_code_string(iree_status_code(st)));
+    snprintf(why, why_size, "no Vulkan loader here (libvulkan.so.1: install the Vulkan loader "
+             "and a driver, or use a CPU artifact)");
     iree_status_free(st);
-  } else if (count == 0) {
-    snprintf(why, why_size, "the Vulkan loader reports no device");
-  } else {
-    snprintf(name, name_size, "%.*s", (int)infos[0].name.size, infos[0].name.data);
-    found = 1;
+    return 0;
   }
-  iree_allocator_free(iree_allocator_system(), infos);
-  iree_hal_driver_release(driver);
-  iree_runtime_instance_release(instance);
-  return found;
+  st = iree_hal_vulkan_physical_device_select(&libvulkan, &options, &selector, host, &instance, &snap);
+  if (!iree_status_is_ok(st)) {
+    char text[600];
+    iree_host_size_t length = 0;
+    if (!iree_status_format(st, sizeof(text), text, &length)) length = 0;
+    snprintf(why, why_size, "no Vulkan device at IREE's HAL baseline (Vulkan 1.3, timeline "
+             "semaphores, scalar block layout, synchronization2, a compute queue): %.*s",
+             (int)length, text);
+    iree_status_free(st);
+    iree_hal_vulkan_libvulkan_deinitialize(&libvulkan);
+    return 0;
+  }
+  {
+    const VkPhysicalDeviceProperties* p = &snap.properties2.properties;
+    const VkPhysicalDeviceFeatures* f = &snap.features2.features;
+    static const char* types[] = {"other", "integrated GPU", "discrete GPU", "virtual GPU", "cpu"};
+    struct { const char* name; VkBool32 on; } table[] = {
+        {"shaderFloat16", snap.features12.shaderFloat16}, {"shaderInt8", snap.features12.shaderInt8},
+        {"shaderInt16", f->shaderInt16}, {"shaderInt64", f->shaderInt64},
+        {"shaderFloat64", f->shaderFloat64},
+        {"storageBuffer16BitAccess", snap.features11.storageBuffer16BitAccess},
+        {"storageBuffer8BitAccess", snap.features12.storageBuffer8BitAccess},
+        {"bufferDeviceAddress", snap.features12.bufferDeviceAddress},
+        {"timelineSemaphore", snap.features12.timelineSemaphore},
+        {"scalarBlockLayout", snap.features12.scalarBlockLayout},
+        {"synchronization2", snap.features13.synchronization2},
+        {"shaderIntegerDotProduct", snap.features13.shaderIntegerDotProduct},
+        {"subgroupSizeControl", snap.features13.subgroupSizeControl},
+        {"variablePointers", snap.features11.variablePointers},
+        {"cooperativeMatrix", snap.cooperative_matrix_features.cooperativeMatrix}};
+    size_t i;
+    snprintf(out->name, sizeof(out->name), "%s", p->deviceName);
+    out->api_version = p->apiVersion;
+    out->software = p->deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+    snprintf(out->describe, sizeof(out->describe), "%s (Vulkan %u.%u.%u, %s, driver %s)",
+             p->deviceName, VK_API_VERSION_MAJOR(p->apiVersion), VK_API_VERSION_MINOR(p->apiVersion),
+             VK_API_VERSION_PATCH(p->apiVersion),
+             (unsigned)p->deviceType < 5 ? types[p->deviceType] : "other",
+             snap.driver_properties.driverName[0] ? snap.driver_properties.driverName : "?");
+    out->subgroup_size = snap.subgroup_properties.subgroupSize;
+    out->subgroup_operations = snap.subgroup_properties.supportedOperations;
+    out->min_subgroup_size = snap.subgroup_size_control_properties.minSubgroupSize;
+    out->max_subgroup_size = snap.subgroup_size_control_properties.maxSubgroupSize;
+    out->max_workgroup_invocations = p->limits.maxComputeWorkGroupInvocations;
+    out->max_workgroup_memory_bytes = p->limits.maxComputeSharedMemorySize;
+    for (i = 0; i < sizeof(table) / sizeof(table[0]) && i < MY_VK_MAX_FEATURES; i++) {
+      out->features[i].name = table[i].name;
+      out->features[i].on = table[i].on == VK_TRUE;
+    }
+    out->n_features = i;
+  }
+  iree_hal_vulkan_physical_device_snapshot_deinitialize(host, &snap);
+  iree_hal_vulkan_instance_deinitialize(&instance);
+  iree_hal_vulkan_libvulkan_deinitialize(&libvulkan);
+  return 1;
 }
+#else
+int my_iree_vulkan_device(my_vk_device_t* out, char* why, size_t why_size) {
+  memset(out, 0, sizeof(*out));
+  snprintf(why, why_size, "this runtime was built without Vulkan (MODELYARD_VULKAN=OFF)");
+  return 0;
+}
+#endif

@@ -20,6 +20,7 @@ typedef struct my_load_args_s {
   size_t size;
   const char* entry;           /* the entry function, e.g. "main" */
   const char* device;          /* IREE: "local-task", "local-sync", "vulkan"; TVM: "cpu" */
+  int threads;                 /* CPU worker threads (options.cpu_threads); 0: the default */
   size_t n_inputs, n_outputs;
   const my_tensor_t* inputs;
   const my_tensor_t* outputs;
@@ -37,8 +38,20 @@ typedef struct my_backend_ops_s {
 } my_backend_ops_t;
 
 const my_backend_ops_t* my_iree_backend(void);
-/* Probes the Vulkan devices through IREE's driver: 1 with the first device's name, 0 with why not. */
-int my_iree_vulkan_device(char* name, size_t name_size, char* why, size_t why_size);
+/* The Vulkan device IREE's driver would use, as its own snapshot describes it. */
+#define MY_VK_MAX_FEATURES 24
+typedef struct my_vk_device_s {
+  char name[256];
+  char describe[512];             /* "llvmpipe (...) (Vulkan 1.3.230, cpu, driver llvmpipe)" */
+  uint32_t api_version;           /* VK_MAKE_API_VERSION */
+  int software;                   /* VK_PHYSICAL_DEVICE_TYPE_CPU: a software rasterizer */
+  uint32_t subgroup_size, min_subgroup_size, max_subgroup_size, subgroup_operations;
+  uint32_t max_workgroup_invocations, max_workgroup_memory_bytes;
+  struct { const char* name; int on; } features[MY_VK_MAX_FEATURES];
+  size_t n_features;
+} my_vk_device_t;
+/* 1 with *out filled, else 0 with why not (no loader, no device at IREE's HAL baseline). */
+int my_iree_vulkan_device(my_vk_device_t* out, char* why, size_t why_size);
 
 /* The TVM plugin (libmodelyard_tvm.so) exports this symbol. */
 typedef const my_backend_ops_t* (*my_tvm_entry_fn)(void);

@@ -10,6 +10,10 @@
 #include "cJSON.h"
 #include "internal.h"
 
+#define VK_MAKE_API(major, minor) (((uint32_t)(major) << 22) | ((uint32_t)(minor) << 12))
+#define VK_MAJOR(version) (((uint32_t)(version) >> 22) & 0x7Fu)
+#define VK_MINOR(version) (((uint32_t)(version) >> 12) & 0x3FFu)
+
 #if defined(__aarch64__)
 #define MY_ARCH "aarch64"
 #elif defined(__x86_64__)
@@ -179,54 +183,170 @@ static const my_backend_ops_t* tvm_backend(void** handle, char* why, size_t why_
 
 typedef struct {
   char device[64];     /* HAL device or "cpu" */
-  char where[256];     /* for the explain text */
+  char where[600];     /* for the explain text */
   int tvm;
 } my_pick_t;
 
-/* NULL when this machine can run the artifact (pick filled), else why not. */
-static const char* why_not(const cJSON* art, const modelyard_options_t* o, my_pick_t* pick,
-                           char* why, size_t why_size) {
+typedef struct {       /* the Vulkan device, probed once per modelyard_open */
+  int probed, found;
+  my_vk_device_t dev;
+  char why[MY_ERR_SIZE];
+} my_vulkan_t;
+
+static const struct { const char* name; uint32_t bit; } SUBGROUP_OPS[] = {  /* VkSubgroupFeatureFlagBits */
+    {"basic", 0x1}, {"vote", 0x2}, {"arithmetic", 0x4}, {"ballot", 0x8}, {"shuffle", 0x10},
+    {"shuffle_relative", 0x20}, {"clustered", 0x40}, {"quad", 0x80}};
+
+static int number(const cJSON* obj, const char* key, double* out) {
+  const cJSON* item = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (cJSON_IsNumber(item)) *out = item->valuedouble;
+  return cJSON_IsNumber(item);
+}
+
+/* Why `dev` cannot run an artifact compiled with the recorded Vulkan requirements `req` ("" when
+ * it can): the API version, device features, subgroup operations and size, workgroup limits;
+ * the same rules as pipeline/run/vulkan.py's meets(), plus the workgroup limits. */
+static void vulkan_unmet(const cJSON* req, const my_vk_device_t* dev, char* why, size_t why_size) {
+  const char* api = str(req, "vulkan_api");
+  const cJSON* list;
+  const cJSON* it;
+  double limit;
+  unsigned major = 0, minor = 0;
+  size_t k;
+  why[0] = 0;
+#define UNMET(...) do { size_t n_ = strlen(why); \
+    snprintf(why + n_, why_size - n_, "%s", n_ ? "; " : ""); n_ = strlen(why); \
+    snprintf(why + n_, why_size - n_, __VA_ARGS__); } while (0)
+  if (!api || sscanf(api, "%u.%u", &major, &minor) != 2) {
+    UNMET("release.json records no requires.vulkan.vulkan_api");
+  } else if (VK_MAKE_API(major, minor) > VK_MAKE_API(VK_MAJOR(dev->api_version), VK_MINOR(dev->api_version))) {
+    UNMET("needs Vulkan %s (SPIR-V %s), device has %u.%u", api, str(req, "spirv_version") ? str(req, "spirv_version") : "?",
+          VK_MAJOR(dev->api_version), VK_MINOR(dev->api_version));
+  }
+  list = cJSON_GetObjectItemCaseSensitive(req, "device_features");
+  cJSON_ArrayForEach(it, list) {
+    int known = 0, on = 0;
+    if (!cJSON_IsString(it)) continue;
+    for (k = 0; k < dev->n_features; k++)
+      if (strcmp(dev->features[k].name, it->valuestring) == 0) { known = 1; on = dev->features[k].on; }
+    if (!known) UNMET("needs %s (a feature this runtime cannot query)", it->valuestring);
+    else if (!on) UNMET("needs %s", it->valuestring);
+  }
+  list = cJSON_GetObjectItemCaseSensitive(req, "subgroup_operations");
+  cJSON_ArrayForEach(it, list) {
+    uint32_t bit = 0;
+    if (!cJSON_IsString(it)) continue;
+    for (k = 0; k < sizeof(SUBGROUP_OPS) / sizeof(SUBGROUP_OPS[0]); k++)
+      if (strcmp(SUBGROUP_OPS[k].name, it->valuestring) == 0) bit = SUBGROUP_OPS[k].bit;
+    if (dev->subgroup_operations && !(dev->subgroup_operations & bit))
+      UNMET("needs subgroup %s operations", it->valuestring);
+  }
+  list = cJSON_GetObjectItemCaseSensitive(req, "subgroup_size");
+  if (cJSON_GetArraySize(list) > 0) {
+    int native = 0, controllable = 0, control = 0;
+    char sizes[128] = "";
+    for (k = 0; k < dev->n_features; k++)
+      if (strcmp(dev->features[k].name, "subgroupSizeControl") == 0) control = dev->features[k].on;
+    cJSON_ArrayForEach(it, list) {
+      uint32_t size = cJSON_IsNumber(it) ? (uint32_t)it->valuedouble : 0;
+      size_t n = strlen(sizes);
+      snprintf(sizes + n, sizeof(sizes) - n, "%s%u", n ? ", " : "", size);
+      native |= size == dev->subgroup_size;
+      controllable |= control && dev->min_subgroup_size <= size && size <= dev->max_subgroup_size;
+    }
+    if (!native && !controllable)
+      UNMET("compiled for subgroup size [%s], device offers %u..%u (it would run and return wrong "
+            "numbers)", sizes, dev->min_subgroup_size, dev->max_subgroup_size);
+  }
+  if (number(req, "max_workgroup_invocations", &limit) && limit > dev->max_workgroup_invocations)
+    UNMET("needs %.0f invocations per workgroup, device has %u", limit, dev->max_workgroup_invocations);
+  if (number(req, "max_workgroup_memory_bytes", &limit) && limit > dev->max_workgroup_memory_bytes)
+    UNMET("needs %.0f bytes of workgroup memory, device has %u", limit, dev->max_workgroup_memory_bytes);
+#undef UNMET
+}
+
+/* MODELYARD_OK when this machine can run the artifact (pick filled); else why not, and the status
+ * a forced choice of it (--abi) gets: INCOMPATIBLE when this device does not meet its recorded
+ * requirements, UNAVAILABLE when this runtime has no backend for it. */
+static modelyard_status_t why_not(const cJSON* art, const modelyard_options_t* o, my_vulkan_t* vk,
+                                  my_pick_t* pick, char* why, size_t why_size) {
   const cJSON* req = cJSON_GetObjectItemCaseSensitive(art, "requires");
   const char* format = str(art, "format");
   const char* backend = str(req, "backend");
   const char* arch = str(req, "arch");
   memset(pick, 0, sizeof(*pick));
-  if (!format || !req) return "release.json gives it no format or requires";
+  if (!format || !req) {
+    snprintf(why, why_size, "release.json gives it no format or requires");
+    return MODELYARD_CORRUPT;
+  }
+  if (strcmp(format, "rknn") == 0) {  /* requires.npu: {target_platform, librknnrt, ...} */
+    const cJSON* npu = cJSON_GetObjectItemCaseSensitive(req, "npu");
+    const char* platform = cJSON_IsString(npu) ? npu->valuestring : str(npu, "target_platform");
+    const char* version = str(npu, "librknnrt");
+    snprintf(why, why_size, "this runtime has no RKNN backend; librknnrt%s%s (Rockchip's NPU runtime) "
+             "runs .rknn models on the %s NPU: load it with librknnrt's rknn_init on the board, or "
+             "use this model's Vulkan or CPU artifact", version ? " " : "", version ? version : "",
+             platform ? platform : "RKNPU");
+    return MODELYARD_UNAVAILABLE;
+  }
+  if (strcmp(format, "iree-vmfb") != 0 && strcmp(format, "tvm-so") != 0) {
+    snprintf(why, why_size, "format %s is not one this runtime loads (it loads iree-vmfb and tvm-so)",
+             format);
+    return MODELYARD_UNAVAILABLE;
+  }
   if (backend && strcmp(backend, "vulkan-spirv") == 0) {
-    char name[256] = "";
-    if (!my_iree_vulkan_device(name, sizeof(name), why, why_size)) return why;
-    if (strstr(name, "llvmpipe") && !o->allow_software_vulkan) {
+    const cJSON* vreq = cJSON_GetObjectItemCaseSensitive(req, "vulkan");
+    if (!vk->probed) {
+      vk->found = my_iree_vulkan_device(&vk->dev, vk->why, sizeof(vk->why));
+      vk->probed = 1;
+    }
+    if (!vk->found) {
+      snprintf(why, why_size, "%s", vk->why);
+      return MODELYARD_INCOMPATIBLE;
+    }
+    if (vk->dev.software && !o->allow_software_vulkan) {
       snprintf(why, why_size, "the only Vulkan device is %s, a software rasterizer, not a GPU "
-               "(allow_software_vulkan / --allow-software-vulkan to use it anyway)", name);
-      return why;
+               "(allow_software_vulkan / --allow-software-vulkan to use it anyway)", vk->dev.name);
+      return MODELYARD_INCOMPATIBLE;
+    }
+    if (!cJSON_IsObject(vreq)) {
+      snprintf(why, why_size, "release.json records no requires.vulkan for it");
+      return MODELYARD_CORRUPT;
+    }
+    {
+      char unmet[MY_ERR_SIZE - 300];
+      vulkan_unmet(vreq, &vk->dev, unmet, sizeof(unmet));
+      if (unmet[0]) {
+        snprintf(why, why_size, "%s: %s", vk->dev.name, unmet);
+        return MODELYARD_INCOMPATIBLE;
+      }
     }
     snprintf(pick->device, sizeof(pick->device), "vulkan");
-    snprintf(pick->where, sizeof(pick->where), "Vulkan device %s (IREE vulkan)", name);
-    return NULL;
+    snprintf(pick->where, sizeof(pick->where), "Vulkan device %s (IREE vulkan)", vk->dev.describe);
+    return MODELYARD_OK;
   }
-  if (!arch) return "release.json gives it no requires.arch";
+  if (!arch) {
+    snprintf(why, why_size, "release.json gives it no requires.arch");
+    return MODELYARD_CORRUPT;
+  }
   if (strcmp(arch, MY_ARCH) != 0) {
     snprintf(why, why_size, "built for %s, this machine is %s", arch, MY_ARCH);
-    return why;
+    return MODELYARD_INCOMPATIBLE;
   }
   if (strcmp(format, "tvm-so") == 0) {
     pick->tvm = 1;
     snprintf(pick->device, sizeof(pick->device), "cpu");
     snprintf(pick->where, sizeof(pick->where), "%s CPU (TVM runtime)", MY_ARCH);
-    return NULL;
-  }
-  if (strcmp(format, "iree-vmfb") != 0) {
-    snprintf(why, why_size, "format %s is not one this runtime loads", format);
-    return why;
+    return MODELYARD_OK;
   }
   snprintf(pick->device, sizeof(pick->device), "%s",
            o->cpu_threads == 1 ? "local-sync" : (str(req, "hal_driver") ? str(req, "hal_driver") : "local-task"));
   snprintf(pick->where, sizeof(pick->where), "%s CPU (IREE %s)", MY_ARCH, pick->device);
-  return NULL;
+  return MODELYARD_OK;
 }
 
 static void append(char** text, const char* fmt, ...) {
-  char line[1024];
+  char line[MY_ERR_SIZE + 256];
   size_t old = *text ? strlen(*text) : 0;
   char* grown;
   va_list ap;
@@ -275,6 +395,7 @@ static modelyard_status_t load_artifact(modelyard_model_t* m, const char* root, 
   }
   args.path = path; args.bytes = bytes; args.size = size; args.entry = entry;
   args.device = pick->device;
+  args.threads = o->cpu_threads;
   args.n_inputs = m->n_inputs; args.n_outputs = m->n_outputs;
   args.inputs = m->inputs; args.outputs = m->outputs;
   status = m->ops->load(&args, &m->state, why);
@@ -360,16 +481,17 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
         if (!seen && n < 64) order[n++] = it;
       }
     }
-    status = MODELYARD_INCOMPATIBLE;
-    for (k = 0; k < n && !chosen; k++) {
+    my_vulkan_t* vk = (my_vulkan_t*)calloc(1, sizeof(*vk));
+    status = vk ? MODELYARD_INCOMPATIBLE : fail(MODELYARD_OUT_OF_MEMORY, "out of memory");
+    for (k = 0; vk && k < n && !chosen; k++) {
       my_pick_t pick;
       char why[MY_ERR_SIZE];
       const char* abi = order[k]->string;
-      const char* reason = why_not(order[k], options, &pick, why, sizeof(why));
-      if (reason) {
-        append(&passed, "  passed over %s: %s\n", abi, reason);
+      modelyard_status_t unmet = why_not(order[k], options, vk, &pick, why, sizeof(why));
+      if (unmet != MODELYARD_OK) {
+        append(&passed, "  passed over %s: %s\n", abi, why);
         if (options->abi)
-          status = fail(MODELYARD_INCOMPATIBLE, "artifact %s cannot run on this device: %s", abi, reason);
+          status = fail(unmet, "artifact %s cannot run here: %s", abi, why);
         continue;
       }
       status = load_artifact(m, root, abi, order[k], &pick, options);
@@ -379,6 +501,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
              options->abi ? " [forced]" : "");
       if (passed) append(&m->explain, "%s", passed);
     }
+    free(vk);
     if (!chosen && status == MODELYARD_INCOMPATIBLE && !options->abi)
       status = fail(MODELYARD_INCOMPATIBLE, "no artifact of %s can run on this device:\n%s", name,
                     passed ? passed : "  (no artifacts)\n");

@@ -9,10 +9,13 @@ build reproducible.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -20,21 +23,66 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, Workspace, add_tiny_model, require, require_aarch64
+from conftest import REPO, Workspace, add_tiny_model, require, require_aarch64, sha256, write_spec
+from pipeline.run import vulkan
 
 QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu", "-cpu", "cortex-a76"]
+# The suite's workspaces that release take the runtime step through this remote cache (file://):
+# the first builds and pushes it, the others (other workspaces, other xdist workers, waiting on
+# the lock meanwhile) restore the same key. test_two_builds_give_identical_bytes builds without it.
+RUNTIME_CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / f"modelyard-tests-runtime-cache-{os.getuid()}"
+
+
+def shared_runtime(ws: Workspace, target: str, targets: Path) -> None:
+    """`doit runtime target=T` in ws through the suite's runtime cache (built once per key)."""
+    RUNTIME_CACHE.mkdir(exist_ok=True)
+    with open(RUNTIME_CACHE / f"{target}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        r = ws.doit("runtime", f"target={target}", f"targets={targets}",
+                    f"cache=file://{RUNTIME_CACHE}", "cache_push=1")
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def registry(folder: Path) -> Path:
-    """host and rk3588 with their CPU ABIs only and no compiler-choice slot: every ABI ships."""
+    """host and rk3588 with their CPU ABIs only (no GPU, no NPU) and no compiler-choice slot (every
+    CPU ABI ships); host also with rk3588's Vulkan baseline ABI first in its fallback order
+    (validated on lavapipe, as the C runtime runs it there)."""
     folder.mkdir(parents=True)
+    rk3588 = yaml.safe_load((REPO / "pipeline/targets/rk3588.yaml").read_text())
     for name in ("host", "rk3588"):
         doc = yaml.safe_load((REPO / "pipeline/targets" / f"{name}.yaml").read_text())
-        doc["abis"] = {k: v for k, v in doc["abis"].items() if v.get("backend") != "vulkan-spirv"}
+        doc["abis"] = {k: v for k, v in doc["abis"].items() if v.get("arch")}  # the CPU ABIs
         doc["fallback"] = [a for a in doc.get("fallback", doc["abis"]) if a in doc["abis"]]
+        if name == "host":
+            doc["abis"] = {"vulkan-baseline": rk3588["abis"]["vulkan-baseline"], **doc["abis"]}
+            doc["fallback"] = ["vulkan-baseline", *doc["fallback"]]
         doc.pop("ship", None)
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return folder
+
+
+def add_uint8_model(models: Path, name: str) -> None:
+    """x f32[1,16] -> x * 20 -> QuantizeLinear(scale 1, zero point 128) -> y uint8[1,16]: an
+    output IREE returns as signless i8 (the same bytes), declared uint8 in the release. IREE
+    builds only (TVM returns uint8 as uint8)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    folder = models / name
+    folder.mkdir(parents=True)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["m"]),
+         helper.make_node("QuantizeLinear", ["m", "scale", "zero"], ["y"])], name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 16])],
+        initializer=[numpy_helper.from_array(np.array(20, np.float32), "k"),
+                     numpy_helper.from_array(np.array(1, np.float32), "scale"),
+                     numpy_helper.from_array(np.array(128, np.uint8), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (folder / "model.onnx").write_bytes(model.SerializeToString(deterministic=True))
+    write_spec(folder, "model.onnx", sha256(folder / "model.onnx"), inputs={"x": ([1, 16], "float32", 0)},
+               extra="skip:\n  'vulkan-*': 'no 8-bit storage on the baseline target (and CI time)'\n"
+                     "  '*-tvm': 'signless integers are an IREE matter (and CI time)'\n")
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +92,13 @@ def releases(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("c_runtime")
     ws = Workspace(root / "ws")
     add_tiny_model(ws.models, "alpha", seed=3)
+    add_uint8_model(ws.models, "beta")
     targets = registry(root / "targets")
     key = root / "key.pem"
     assert ws.doit("keygen", f"key={key}").returncode == 0
     out = {"ws": ws, "key": key, "targets": targets}
     for target in ("host", "rk3588"):
+        shared_runtime(ws, target, targets)
         result = ws.doit("release", f"target={target}", "version=1.0.0", f"key={key}", f"targets={targets}")
         assert result.returncode == 0, result.stdout + result.stderr
         out[target] = ws.artifacts / "releases" / target / "1.0.0"
@@ -104,22 +154,104 @@ def hashlib_sha256(path: Path) -> str:
 
 def test_x86_64_check_every_cpu_artifact(releases):
     rel = releases["host"]
-    assert set(abis(rel)) == {"cpu-x86_64", "cpu-x86_64-tvm"}
-    for abi in abis(rel):
-        r = cli(rel, "x86_64", "alpha", "--check", "--abi", abi)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert f"chose {abi}" in r.stdout and "PASS" in r.stdout and "FAIL" not in r.stdout
+    assert set(abis(rel)) == {"vulkan-baseline", "cpu-x86_64", "cpu-x86_64-tvm"}
+    assert set(abis(rel, "beta")) == {"cpu-x86_64"}
+    for model in ("alpha", "beta"):
+        for abi in [a for a in abis(rel, model) if a.startswith("cpu-")]:
+            r = cli(rel, "x86_64", model, "--check", "--abi", abi)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert f"chose {abi}" in r.stdout and "PASS" in r.stdout and "FAIL" not in r.stdout
+    # beta's uint8 output: IREE returns signless i8 (the same bytes), read as the declared uint8
+    r = cli(rel, "x86_64", "beta", "--check", "--abi", "cpu-x86_64")
+    assert "output y uint8 [1, 16]" in r.stdout and "check y: uint8, max 0 steps off (tol 0) PASS" in r.stdout
 
 
 def test_aarch64_check_every_cpu_artifact_under_qemu(releases):
     rel = releases["rk3588"]
-    assert set(abis(rel)) == {"cpu-aarch64", "cpu-aarch64-tvm"}
-    for abi in abis(rel):
-        r = cli(rel, "aarch64", "alpha", "--check", "--abi", abi)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "aarch64 CPU" in r.stdout and "PASS" in r.stdout and "FAIL" not in r.stdout
+    assert set(abis(rel)) == {"cpu-aarch64", "cpu-aarch64-tvm"} and set(abis(rel, "beta")) == {"cpu-aarch64"}
+    for model in ("alpha", "beta"):
+        for abi in abis(rel, model):
+            r = cli(rel, "aarch64", model, "--check", "--abi", abi)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "aarch64 CPU" in r.stdout and "PASS" in r.stdout and "FAIL" not in r.stdout
     r = cli(rel, "aarch64", "alpha")  # no --abi: the fallback order's first
     assert r.returncode == 0 and r.stdout.startswith("chose cpu-aarch64 "), r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------- Vulkan
+def lavapipe() -> dict:
+    """The environment that makes Mesa's lavapipe the only Vulkan driver, as the Python side
+    selects it (VK_DRIVER_FILES / VK_ICD_FILENAMES), with the suite's Mesa shader cache."""
+    return vulkan.driver_env("lavapipe", shader_cache=Path(os.environ["MODELYARD_SHADER_CACHE"]))
+
+
+def cli_env(release: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
+    exe = release / "runtime" / "x86_64" / "bin" / "modelyard-run"
+    return subprocess.run([str(exe), str(release), *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def test_vulkan_baseline_checks_on_lavapipe(releases):
+    """The host release's Vulkan baseline artifact, first in its fallback order, on lavapipe: chosen
+    only when a software rasterizer is allowed, and within its recorded tolerance there."""
+    rel = releases["host"]
+    require(vulkan.icd_file("lavapipe") is not None, "mesa-vulkan-drivers missing (setup.sh)")
+    env = lavapipe()
+    r = cli_env(rel, "alpha", "--check", "--allow-software-vulkan", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.match(r"chose vulkan-baseline \(models/alpha/vulkan-baseline/model.vmfb\) on Vulkan "
+                    r"device llvmpipe .*\(Vulkan 1\.\d+\.\d+, cpu, driver llvmpipe\) \(IREE vulkan\)\n", r.stdout), r.stdout
+    assert "check y: max_abs" in r.stdout and "PASS" in r.stdout and "FAIL" not in r.stdout
+    r = cli_env(rel, "alpha", "--check", env=env)  # not asked: the CPU artifact, and why
+    assert r.returncode == 0 and r.stdout.startswith("chose cpu-x86_64 "), r.stdout + r.stderr
+    assert "passed over vulkan-baseline: the only Vulkan device is llvmpipe" in r.stdout
+    assert "a software rasterizer, not a GPU" in r.stdout
+
+
+def test_vulkan_requirements_the_device_does_not_meet(releases, tmp_path):
+    """The artifact's recorded requirements as a Mali-G610 (valhall3) build records them: lavapipe
+    (subgroup size 8) is passed over with the reason, and forcing it is INCOMPATIBLE."""
+    rel = shutil.copytree(releases["host"], tmp_path / "rel")
+    require(vulkan.icd_file("lavapipe") is not None, "mesa-vulkan-drivers missing (setup.sh)")
+    doc = json.loads((rel / "release.json").read_text())
+    doc["models"]["alpha"]["artifacts"]["vulkan-baseline"]["requires"]["vulkan"].update(
+        device_features=["shaderFloat16", "shaderInt8", "storageBuffer16BitAccess", "shaderBFloat16Type"],
+        spirv_version="1.6", subgroup_operations=["shuffle", "arithmetic"], subgroup_size=[16],
+        vulkan_api="1.4", max_workgroup_invocations=512, max_workgroup_memory_bytes=1 << 20)
+    (rel / "release.json").chmod(0o644)
+    (rel / "release.json").write_text(json.dumps(doc))
+    env = lavapipe()
+    r = cli_env(rel, "alpha", "--allow-software-vulkan", env=env)
+    assert r.returncode == 0 and r.stdout.startswith("chose cpu-x86_64 "), r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("  passed over vulkan-baseline: "))
+    for why in ("llvmpipe", "needs Vulkan 1.4 (SPIR-V 1.6), device has 1.3",
+                "needs shaderBFloat16Type (a feature this runtime cannot query)",
+                "compiled for subgroup size [16], device offers 8..8 (it would run and return wrong numbers)",
+                "needs 1048576 bytes of workgroup memory"):
+        assert why in line, line
+    assert "needs shaderFloat16" not in line and "needs shaderInt8" not in line  # lavapipe has them
+    r = cli_env(rel, "alpha", "--abi", "vulkan-baseline", "--allow-software-vulkan", env=env)
+    assert r.returncode == 3 and "error INCOMPATIBLE: artifact vulkan-baseline cannot run here: llvmpipe" in r.stderr
+
+
+def test_rknn_artifact_is_passed_over(releases, tmp_path):
+    """An NPU artifact (format rknn) in the fallback order: passed over with the reason, forced: UNAVAILABLE."""
+    rel = shutil.copytree(releases["host"], tmp_path / "rel")
+    doc = json.loads((rel / "release.json").read_text())
+    doc["models"]["alpha"]["artifacts"]["npu-rk3588"] = {
+        "file": "models/alpha/npu-rk3588/model.rknn", "sha256": "0" * 64, "format": "rknn",
+        "entry": "main", "requires": {
+            "npu": {"target_platform": "rk3588", "librknnrt": "2.5.0"}, "device": "NPU", "backend": "npu"}}
+    doc["target"]["fallback"].insert(0, "npu-rk3588")
+    (rel / "release.json").chmod(0o644)
+    (rel / "release.json").write_text(json.dumps(doc))
+    r = cli(rel, "x86_64", "alpha")
+    assert r.returncode == 0 and r.stdout.startswith("chose cpu-x86_64 "), r.stdout + r.stderr
+    assert "  passed over npu-rk3588: this runtime has no RKNN backend; librknnrt 2.5.0 (Rockchip's " \
+           "NPU runtime) runs .rknn models on the rk3588 NPU" in r.stdout
+    r = cli(rel, "x86_64", "alpha", "--abi", "npu-rk3588")
+    assert r.returncode == 3 and "error UNAVAILABLE: artifact npu-rk3588 cannot run here: this runtime " \
+        "has no RKNN backend" in r.stderr, r.stderr
 
 
 def test_check_fails_outside_the_tolerance(releases, tmp_path):
@@ -264,6 +396,42 @@ def test_docs_example_builds_and_runs(releases, tmp_path):
     r = subprocess.run([str(tmp_path / "example"), str(rel), "alpha"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("chose cpu-x86_64 "), r.stdout + r.stderr
     assert re.search(r"\[0\] = -?[0-9.e+-]+\n", r.stdout)
+
+
+CONSUMER = """cmake_minimum_required(VERSION 3.16)
+project(consumer C)
+find_package(modelyard 0.1 REQUIRED)
+add_executable(example example.c)
+target_link_libraries(example PRIVATE modelyard::modelyard)
+"""
+
+
+def test_cmake_package_builds_the_example(releases, tmp_path):
+    """find_package(modelyard) against a bundle's runtime/<arch>/lib/cmake: the docs example built
+    and run, natively for x86_64 and with the cross toolchain for aarch64 (run under qemu)."""
+    from pipeline.stages.runtime import TOOLCHAIN
+    cmake = str(Path(sys.executable).parent / "cmake")
+    for arch, rel in (("x86_64", releases["host"]), ("aarch64", releases["rk3588"])):
+        src, build = tmp_path / arch / "src", tmp_path / arch / "build"
+        src.mkdir(parents=True)
+        (src / "CMakeLists.txt").write_text(CONSUMER)
+        shutil.copy(REPO / "runtime/example/example.c", src / "example.c")
+        args = [cmake, "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_C_FLAGS=-Wall -Werror",
+                f"-DCMAKE_PREFIX_PATH={rel / 'runtime' / arch}"]
+        if arch == "aarch64":
+            (tmp_path / "aarch64.cmake").write_text(TOOLCHAIN.format(cc="aarch64-linux-gnu-gcc",
+                                                                     cxx="aarch64-linux-gnu-g++"))
+            args.append(f"-DCMAKE_TOOLCHAIN_FILE={tmp_path / 'aarch64.cmake'}")
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        for argv in (args, [cmake, "--build", str(build)]):
+            r = subprocess.run(argv, capture_output=True, text=True, env=env)
+            assert r.returncode == 0, r.stdout + r.stderr
+        cache = (build / "CMakeCache.txt").read_text()
+        assert f"modelyard_DIR:PATH={rel / 'runtime' / arch / 'lib/cmake/modelyard'}" in cache
+        exe = [str(build / "example"), str(rel), "alpha"]
+        r = subprocess.run([*QEMU, *exe] if arch == "aarch64" else exe, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.startswith(f"chose cpu-{arch} "), r.stdout + r.stderr
+        assert re.search(r"y\[0\] = -?[0-9.e+-]+\n", r.stdout)
 
 
 # ----------------------------------------------------------------------------- reproducible
