@@ -139,9 +139,10 @@ def test_release_twice_from_clean_workspaces_is_byte_identical(tmp_path):
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    vmfbs = {f"models/alpha/{abi}/model.vmfb" for abi in ("cpu-aarch64", "vulkan-baseline", "vulkan-mali-g610")}
+    shipped = {f"models/alpha/{abi}/model.vmfb" for abi in ("cpu-aarch64", "vulkan-baseline", "vulkan-mali-g610")}
+    shipped.add("models/alpha/npu/model.rknn")  # the NPU's (docs/npu.md)
     assert subjects == {archives[0].name: sha256(archives[0]),
-                        **{v: sha256(bundles[0] / v) for v in vmfbs}}
+                        **{v: sha256(bundles[0] / v) for v in shipped}}
     deps = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
     assert {"name": "models/alpha/model.onnx",
             "digest": {"sha256": sha256(tmp_path / "one/models/alpha/model.onnx")}} in deps

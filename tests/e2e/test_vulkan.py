@@ -102,9 +102,9 @@ def test_runtime_errors_are_clear(rk3588_build):
                     "except PipelineError as e:\n    print(e)")
     assert "was built for another device than the IREE driver 'local-task' provides" in wrong.stdout, \
         wrong.stdout + wrong.stderr
-    unknown = _runner(rk3588_build, "try:\n    Runner.open(M, 'alpha', prefer='npu')\n"
+    unknown = _runner(rk3588_build, "try:\n    Runner.open(M, 'alpha', prefer='dsp')\n"
                                     "except PipelineError as e:\n    print(e)")
-    assert "no artifact 'npu' for alpha" in unknown.stdout
+    assert "no artifact 'dsp' for alpha" in unknown.stdout
 
 
 def test_validation_catches_iree_vulkan_miscompiling_the_classifier(tmp_path):
