@@ -120,6 +120,9 @@ def cmake_args(cfg: Config, src: Path, tp: Path, build: Path, tvm: Path | None, 
             "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--build-id=none", "-DCMAKE_MODULE_LINKER_FLAGS=-Wl,--build-id=none",
             f"-DMODELYARD_THIRD_PARTY={tp}", f"-DMODELYARD_IREE_COMMIT={commit}",
             f"-DIREE_HOST_BIN_DIR={host_tools()}",
+            # artifacts/ is inside the user's git clone: IREE's CMake would run `git rev-parse`
+            # there and fail on submodules the vendored sources do not have
+            "-DIREE_ERROR_ON_MISSING_SUBMODULES=OFF",
             f"-DMODELYARD_TVM_ROOT={tvm if (cfg.tvm and tvm) else ''}"]
     if toolchain is not None:
         args.append(f"-DCMAKE_TOOLCHAIN_FILE={toolchain}")
