@@ -26,6 +26,7 @@ bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PC
 tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1|model
 curve=1 [points=0,25,50,100 rounds=N seconds=S warmup=N threads=N] (trials vs latency).
 """
+import os
 import sys
 import threading
 import time
@@ -41,17 +42,17 @@ if noop.up_to_date(__file__, sys.argv[1:]):
     raise SystemExit(0)
 _LOADED_FINGERPRINT = noop.loaded(__file__, sys.argv[1:])
 
-from pipeline.bench import measure as bench, tuning_curve
-from pipeline.bench import profile
+from pipeline.bench import config_search, measure as bench, profile, tuning_curve
 from pipeline.core import lock, store
 from pipeline.core.errors import PipelineError
+from pipeline.core.layout import coverage_file
 from pipeline.core.settings import flag, setting
 from pipeline.core.steps import doit_call, doit_task, rerun_stages
 from pipeline.diagnose import bisect
 from pipeline.graph import STAGES, load_project, timeline
+from pipeline.graph.scaffold import new_model
 from pipeline.release import cache, release, signing, verify
-from pipeline.stages import accuracy, config_search, coverage, tvm_tune
-from pipeline.stages.plan import coverage_file
+from pipeline.stages import accuracy, coverage, tvm_tune
 
 try:
     PROJECT = load_project(models=get_var("models", "models"),
@@ -89,6 +90,10 @@ DOIT_CONFIG = {
     "dep_file": str(PROJECT.layout.doit_db),
     "backend": "sqlite3",
     "action_string_formatting": "new",
+    # Steps run side by side, one per core, in threads of this process (each step mostly waits on
+    # its tool, a child process): `-n 1` runs them one at a time. executor=dask sets its own.
+    "num_process": os.cpu_count() or 1,
+    "par_type": "thread",
 }
 
 
@@ -319,7 +324,6 @@ def task_search():
 
 def task_new():
     """write models/NAME/ from source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [license=PATH]"""
-    from pipeline.graph.scaffold import new_model
     shapes = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("shape=")]  # several allowed
     return {"actions": [(doit_call, [new_model, get_var("source", None), get_var("name", None),
                                      shapes, get_var("license", None), get_var("models", "models"),

@@ -50,8 +50,9 @@ def prepare(args) -> int:
     from onnx import TensorProto, shape_inference
     from pipeline.compilers.iree_compiler import compile_flags, find_compiler, import_argv
     from pipeline.graph import load_project
-    from pipeline.stages.abi_rewrites import REWRITES
-    from pipeline.stages.plan import ENTRY, golden_files, static_model
+    from pipeline.rewrite.abi_rewrites import REWRITES
+    from pipeline.compilers.backend import ENTRY
+    from pipeline.core.layout import golden_files, static_model
 
     project = load_project(Path(args.models), Path(args.artifacts), args.target,
                            targets_dir=args.targets)

@@ -18,7 +18,7 @@ Two halves, because the GPU machine has no IREE compiler and no repo build:
 The prepared folder carries a copy of the `pipeline` package (the runner needs pipeline.run.app,
 pipeline.run.vulkan and pipeline.core.numerics; nothing of it imports a compiler). An ABI's
 workarounds apply as in the build: its flags through compile_flags, its graph rewrites
-(pipeline/stages/abi_rewrites.py) on the static model before import.
+(pipeline/rewrite/abi_rewrites.py) on the static model before import.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def prepare(args) -> int:
     from pipeline.compilers.iree_targets import requirements
     from pipeline.spec import load_target
     from pipeline.core.store import sha256_file
-    from pipeline.stages.abi_rewrites import apply as apply_rewrites
+    from pipeline.rewrite.abi_rewrites import apply as apply_rewrites
 
     artifacts = Path(args.artifacts).resolve()
     target = load_target(args.target)

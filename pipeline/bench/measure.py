@@ -28,6 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from doit.exceptions import TaskFailed
+
 from ..compilers.backends import BY_FORMAT
 from ..core.errors import PipelineError
 from ..core.layout import Layout
@@ -37,6 +39,7 @@ from ..core.store import atomic_write_text, pretty_json, sha256_file
 from ..core.tools import cpu_model, distribution_version
 from ..run.timing import (NOISY_CV, PHASES, RUNNERS, IreeCpuRunner, IreeVulkanRunner,
                           OnnxruntimeCpuRunner, paired_ratio_p50, stats)
+from . import profile, report
 
 # The bench's API: its own, and the runners and statistics of run/timing.py it applies.
 __all__ = ["Options", "Planned", "plan", "measure", "machine", "bench_artifact", "load_baseline",
@@ -212,7 +215,7 @@ def _load_json(path: Path, what: str, target: str, hint: str) -> dict:
 def bench_artifact(layout: Layout, target: str, item: Planned, manifest: dict,
                    options: Options, mach: dict) -> dict:
     """Measure one artifact against onnxruntime; returns the result document (not yet written)."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
 
     where = {"stage": STAGE, "model": item.model, "target": f"{target}/{item.abi}"}
     art = item.artifact
@@ -337,7 +340,6 @@ def summarise(result: dict, result_path: str, validation: dict) -> dict:
 def run(layout: Layout, target: str, options: Options, say: Callable[[str], None] = print,
         runners: dict = RUNNERS) -> dict:
     """Bench every runnable artifact of `target`; write results, bench.json and report.html."""
-    from . import profile, report
 
     manifest_path = layout.manifest(target)
     manifest = _load_json(manifest_path, "manifest", target,
@@ -498,7 +500,6 @@ def variant_table(variants: list[dict]) -> list[str]:
 
 def doit_action(layout: Layout, target: str | None, raw_vars: dict, known: list[str]):
     """The python-action of `doit bench`: PipelineErrors and a failed gate become TaskFailed."""
-    from doit.exceptions import TaskFailed
     if target is None:
         return TaskFailed(f"[stage={STAGE}] doit bench needs target=NAME (known targets: "
                           f"{', '.join(known)})")

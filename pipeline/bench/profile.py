@@ -32,6 +32,8 @@ Also `python -m pipeline.bench.profile import-onnx SRC DST`: iree-import-onnx wi
 """
 from __future__ import annotations
 
+import importlib.util
+import itertools
 import json
 import math
 import os
@@ -46,12 +48,17 @@ from typing import Callable
 
 from ..compilers.backends import BY_FORMAT
 from ..compilers.iree_backend import IREE
+from ..compilers.iree_compiler import find_compiler
 from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
 from ..core.layout import Layout
 from ..core.store import atomic_write_text, pretty_json, sha256_file
 from ..core.tools import (cpu_model, describe_exit, distribution_version, python_module_argv,
                           run_tool, tail)
+from ..rewrite.abi_rewrites import apply as apply_rewrites
+from ..run.ort import reduced_session
+from ..run.tvm_run import TvmModule
+from ..stages.iree_compile import graph_rewrites
 
 SCHEMA = "modelyard.profile/1"
 STAGE = "profile"
@@ -145,7 +152,7 @@ class Graph:
 
     def known(self, name: str) -> str | None:
         """The graph node `name` stands for: itself, or for a node a graph rewrite put in its
-        place (`<node>__<part>`, pipeline/stages/abi_rewrites.py) the node it replaced."""
+        place (`<node>__<part>`, pipeline/rewrite/abi_rewrites.py) the node it replaced."""
         while name not in self.by_name and "__" in name:
             name = name.rsplit("__", 1)[0]
         return name if name in self.by_name else None
@@ -211,7 +218,7 @@ def named(model) -> None:
 
 def load_graph(model) -> Graph:
     """The Graph of an ONNX model proto (named: see `named`), static shapes inferred."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes, types = {}, {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -258,7 +265,6 @@ def by_kind_and_shape(name: str, graph: Graph) -> list[str]:
     """The fallback mapping of a dispatch without locations: the nodes whose op the dispatch's
     kind can compute and whose output has as many elements as some of the dispatch's dims
     (IREE collapses dims: a 1x1 Conv's 8x8 pixels are one dim of 64 in its matmul)."""
-    import itertools
     d = parse_dispatch(name)
     ops = DISPATCH_KINDS.get(d["kind"])
     if ops is None and d["kind"].startswith(("elementwise", "generic")):
@@ -386,7 +392,9 @@ def read_benchmark(doc: dict) -> tuple[float, dict]:
 def import_with_locations(src: Path, dst: Path) -> None:
     """iree-import-onnx as the compile stage runs it, printed with debug info: every op keeps
     its ONNX node's name as its MLIR location."""
+    # IREE's ONNX importer: 1.6 s, not needed by doit list
     from iree.compiler.tools.import_onnx.__main__ import load_onnx_model, parse_arguments
+    # IREE's ONNX importer: 1.6 s, not needed by doit list
     from iree.compiler.tools.import_onnx.importer_externalization_overrides import (
         Context, onnx_importer)
     model = load_onnx_model(parse_arguments([str(src), "-o", str(dst)]))
@@ -398,7 +406,6 @@ def import_with_locations(src: Path, dst: Path) -> None:
 
 
 def _runtime_tool(name: str) -> Path:
-    import importlib.util
     spec = importlib.util.find_spec("iree._runtime_libs")
     if spec is None or not spec.submodule_search_locations:
         raise PipelineError("the IREE runtime (iree-base-runtime) is not installed", stage=STAGE,
@@ -416,9 +423,6 @@ class IreeProfiler:
         return art["abi"].get("backend") == "llvm-cpu" and device in ("local-task", "local-sync")
 
     def __init__(self, ctx: "Context", abi: str, art: dict):
-        from ..compilers.iree_compiler import find_compiler
-        from ..stages.abi_rewrites import apply as apply_rewrites
-        from ..stages.iree_compile import graph_rewrites
         self.ctx, self.abi, self.art = ctx, abi, art
         self.vmfb = ctx.layout.resolve(art["path"])
         work = ctx.scratch / abi
@@ -500,7 +504,7 @@ def kernel_op(symbol: str) -> str:
 
 
 def fingerprint(array) -> tuple:
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     a = np.asarray(array, dtype=np.float64)
     return tuple(a.shape), float(a.sum()), float(np.abs(a).sum())
 
@@ -601,8 +605,7 @@ class TvmProfiler:
         return device == "cpu"
 
     def __init__(self, ctx: "Context", abi: str, art: dict):
-        import numpy as np
-        from ..run.tvm_run import TvmModule
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         self.ctx, self.abi, self.art = ctx, abi, art
         self.module = TvmModule(str(ctx.layout.resolve(art["path"])), art["entry"],
                                 threads=ctx.threads)
@@ -689,7 +692,7 @@ class TvmProfiler:
         self.rounds += 1
 
     def result(self, graph: Graph) -> dict:
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         calls = [{"symbol": s, "ms": float(ms) / self.rounds, **placed}
                  for s, ms, placed in zip(self.symbols, self.kernel_ms, self.placed)]
         return side(tvm_entries(calls, graph), total_ms=float(np.mean(self.totals)),
@@ -776,8 +779,8 @@ class OrtProfiler:
     runtime = ORT
 
     def __init__(self, ctx: "Context"):
-        import onnx
-        import onnxruntime as ort
+        import onnx  # onnx: 1.5 s, not needed by doit list
+        import onnxruntime as ort  # onnxruntime: 0.2 s, not needed by doit list
         self.ctx = ctx
         work = ctx.scratch / ORT
         work.mkdir(parents=True)
@@ -902,9 +905,8 @@ class Context:
         """onnxruntime's value of every float tensor of the static model on the golden inputs,
         as fingerprints: tensor -> (shape, sum, sum of |x|)."""
         if self._reference is None:
-            import onnx
-            from onnx import helper
-            from ..run.ort import reduced_session
+            import onnx  # onnx: 1.5 s, not needed by doit list
+            from onnx import helper  # onnx: 1.5 s, not needed by doit list
             model = onnx.load(str(self.named_model))
             present = {o.name for o in model.graph.output}
             for n in self.graph.nodes:
@@ -944,8 +946,8 @@ def runnable(art: dict) -> tuple[type | None, str]:
 def run(layout: Layout, target: str, model: str, options: Options,
         say: Callable[[str], None] = print) -> dict:
     """Profile one model's artifacts of `target` and onnxruntime; write profile.json."""
-    import numpy as np
-    import onnx
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    import onnx  # onnx: 1.5 s, not needed by doit list
 
     where = {"stage": STAGE, "model": model, "target": target}
     manifest_path = layout.manifest(target)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+ENTRY = "main"  # the compiled entry point of every artifact: the static stage names its graph so
+
 
 @dataclass(frozen=True)
 class Backend:

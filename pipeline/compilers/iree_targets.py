@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from pathlib import Path
 
-from ..core.store import pretty_json
+from ..core.store import atomic_write_text, canonical_json, pretty_json, sha256_text
+from ..core.tools import distribution_version, run_tool
+from ..spec.common import display
+from .iree_compiler import find_compiler
 from .recorded import RecordedTable
 
 TABLE = Path(__file__).with_name("iree_vulkan_targets.json")
@@ -123,10 +127,6 @@ def installed_version() -> str:
 def probe(target: str, features: str | None = None) -> dict:
     """Compile the one-op probe for a Vulkan target with the installed iree-compile and return
     its target record; raises TargetRejected when the compiler does not accept it."""
-    import tempfile
-
-    from ..core.tools import run_tool
-    from .iree_compiler import find_compiler
     with tempfile.TemporaryDirectory() as tmp:
         src, dump = Path(tmp) / "probe.mlir", Path(tmp) / "executables.mlir"
         src.write_text(PROBE_MLIR)
@@ -141,6 +141,25 @@ def probe(target: str, features: str | None = None) -> dict:
                      or result.output.splitlines() or [f"exit status {result.returncode}"])
             raise TargetRejected(lines[0].split("error:", 1)[-1].strip())
         return requirements(dump.read_text())
+
+
+def vulkan_target_record(target: str, features: str | None, memo_dir: Path | None) -> dict:
+    """What IREE compiles for a Vulkan target (its iree_gpu.target record: device features,
+    subgroups): the recorded table; for a pair it lacks (features of the user's own), a one-op
+    probe compile, memoised per IREE version."""
+    version = distribution_version(DISTRIBUTION)
+    recorded = lookup(target, features, version)
+    if recorded is not None:
+        return recorded
+    key = sha256_text(canonical_json({"iree": version, "target": target, "features": features,
+                                      "record": 2}))
+    memo = memo_dir / "vulkan_target_records" / f"{key}.json" if memo_dir else None
+    if memo and memo.is_file():
+        return json.loads(memo.read_text())
+    record = probe(target, features)
+    if memo:
+        atomic_write_text(memo, canonical_json(record))
+    return record
 
 
 def probe_all() -> dict:
@@ -166,12 +185,10 @@ def check_target(target) -> list[str]:
     """Problems with a loaded target's Vulkan ABIs: a target name (or twin) this IREE does not
     know. Read from the table: nothing runs. A table without the installed version is a problem
     too (refresh it), rather than a silent pass."""
-    from ..core.tools import distribution_version
     vulkan = [a for a in target.abis if a.backend == "vulkan-spirv"]
     if not vulkan:
         return []
     version = distribution_version(DISTRIBUTION)
-    from ..spec.common import display
     where = display(target.path)
     if not has_version(version):
         return [f"{where}: the table of IREE Vulkan targets ({TABLE.name}) has no entry for the "

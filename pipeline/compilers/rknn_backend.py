@@ -71,10 +71,11 @@ def variant_skip(abi, variant) -> str | None:
 
 def compile_fields(report: dict) -> dict:
     """The platform, precision, what the toolkit reported (CPU fallbacks, unsupported ops), how
-    the bytes were made reproducible, and what the simulator ran."""
+    the bytes were made reproducible, and what the simulator ran; int8: the calibration, and the
+    worst layers of the toolkit's per-layer accuracy analysis."""
     return {"flags": [], **{k: report[k] for k in ("target_platform", "precision", "toolkit",
                                                      "messages", "reproducibility", "simulated")},
-            **({"calibration": report["calibration"]} if "calibration" in report else {})}
+            **{k: report[k] for k in ("calibration", "accuracy_analysis") if k in report}}
 
 
 def requires(report: dict, tools: dict) -> dict:

@@ -38,7 +38,7 @@ def render(table: dict) -> str:
 def live_ops() -> set[str]:
     """The ops the installed TVM's ONNX frontend converts (its converter map, plus If/Constant
     which it handles itself: see `_check_for_unsupported_ops` in tvm.relax.frontend.onnx)."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map  # tvm: 2.8 s, not needed by doit list
     return set(_get_convert_map()) | {"If", "Constant"}
 
 

@@ -133,3 +133,33 @@ class Layout:
     def resolve(self, relative: str) -> Path:
         """A path as written in manifests (see `relative`), as a file here."""
         return self.root / relative
+
+
+# ----------------------------------------------------------------------------- steps' files
+# The files of a model's steps that later stages read, as functions of the layout and a spec
+# (its name, inputs and signature): a stage asks here rather than importing the stage that wrote
+# them, so that its code digest does not take in that stage's code.
+def static_model(layout: Layout, model) -> Path:
+    """The static stage's model: what every compiler gets."""
+    return layout.model_stage(model.name, "static") / "model.onnx"
+
+
+def outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
+    """The golden step's files: golden.json, input_<i>.npy, output_<k>.npy."""
+    return (("golden.json",) + tuple(f"input_{i}.npy" for i in range(n_inputs))
+            + tuple(f"output_{k}.npy" for k in range(n_outputs)))
+
+
+def golden_files(layout: Layout, model) -> dict:
+    """The golden step's files as a step's inputs: golden.json and golden:<file>."""
+    folder = layout.model_stage(model.name, "golden")
+    n_out = len(model.signature["outputs"])
+    files = {"golden.json": folder / "golden.json"}
+    for name in outputs_for(len(model.inputs), n_out)[1:]:
+        files[f"golden:{name}"] = folder / name
+    return files
+
+
+def coverage_file(layout: Layout, target_name: str, model_name: str) -> Path:
+    """The coverage step's verdicts for a model on a target."""
+    return layout.target_model_stage(target_name, model_name, "coverage") / "coverage.json"

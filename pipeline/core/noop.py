@@ -30,6 +30,10 @@ import os
 import sys
 from pathlib import Path
 
+from doit.dependency import Dependency, MD5Checker, SqliteDB
+from doit.task import Task
+from doit.tools import config_changed
+
 VERSION = 1
 FOLDER = Path(".cache") / "noop"
 _PACKAGE = Path(__file__).resolve().parent.parent       # pipeline/
@@ -143,9 +147,6 @@ def up_to_date(dodo: str, argv: list[str], say=print) -> bool:
 
 
 def _check(snap: dict) -> list[str] | None:
-    from doit.dependency import Dependency, MD5Checker, SqliteDB
-    from doit.task import Task
-    from doit.tools import config_changed
     if not Path(snap["dep_file"]).is_file():
         return None
     tasks = {}

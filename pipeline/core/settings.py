@@ -18,6 +18,8 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+from .errors import PipelineError
+
 TRUE = ("1", "true", "yes", "on")
 
 
@@ -29,7 +31,6 @@ def _table(pyproject: Path) -> dict:
     except FileNotFoundError:
         return {}
     except tomllib.TOMLDecodeError as err:
-        from .errors import PipelineError
         raise PipelineError(f"{pyproject}: not valid TOML ({err})", stage="settings",
                             hint="fix the file; modelyard reads its [tool.modelyard] table") from None
     return doc.get("tool", {}).get("modelyard", {}) or {}

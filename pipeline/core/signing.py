@@ -31,6 +31,7 @@ def b64(data: bytes) -> str:
 
 
 def raw(public_key) -> bytes:
+    # cryptography: 0.01 s, only to sign or check
     from cryptography.hazmat.primitives import serialization
     return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
@@ -53,6 +54,7 @@ def _pem(source: str, what: str, hint: str | None, where: dict) -> tuple[bytes, 
 def load_private_key(path: str | None, env: str | None = ENV_KEY, hint: str = KEYGEN_HINT,
                      **where):
     """The Ed25519 private key at `path` (a path or the PEM text), else from $`env`."""
+    # cryptography: 0.01 s, only to sign or check
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -78,6 +80,7 @@ def load_private_key(path: str | None, env: str | None = ENV_KEY, hint: str = KE
 def load_public_key(path: str | None, env: str | None = ENV_PUBKEY, **where):
     """The Ed25519 public key at `path` (a path or the PEM text), else from $`env`; None when
     neither is given. A private key is accepted too: its public half is used."""
+    # cryptography: 0.01 s, only to sign or check
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -106,6 +109,7 @@ def sign(private_key, data: bytes) -> dict:
 def check(signature, data: bytes, expected=None) -> tuple[str | None, str | None]:
     """(key id, problem): problem is None when `signature` is valid for `data`, made by `expected`
     when given, else by the public key the signature names."""
+    # cryptography: 0.01 s, only to sign or check
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 

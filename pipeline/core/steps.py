@@ -24,6 +24,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
 from . import executor
 from .codehash import code_digest
 from .errors import PipelineError
@@ -128,6 +131,16 @@ class Step:
     @property
     def log(self) -> Path:
         return self.layout.log(self.stage, self.name)
+
+
+def where(model, target, abi=None) -> dict:
+    """A step's `where` (model=, target= or target=<target>/<abi>) from its specs."""
+    return {"model": model.name, "target": f"{target.name}/{abi.name}" if abi else target.name}
+
+
+def abi_step_name(model, target, abi) -> str:
+    """The name of a step per target ABI: <target>/<model>/<abi>."""
+    return f"{target.name}/{model.name}/{abi.name}"
 
 
 def action_code(action: Callable) -> str:
@@ -300,7 +313,6 @@ def disk_full(step: Step, err: OSError) -> PipelineError:
 def doit_action(step: Step):
     """The python-action doit calls: a PipelineError (or a full disk) becomes a one-paragraph
     TaskFailed."""
-    from doit.exceptions import TaskFailed
     try:
         execute(step)
     except PipelineError as err:
@@ -315,7 +327,6 @@ def doit_action(step: Step):
 def doit_call(fn: Callable, *args):
     """A python-action for commands that are not steps (release, verify): prints what `fn`
     returns; a PipelineError becomes a one-paragraph TaskFailed."""
-    from doit.exceptions import TaskFailed
     try:
         print(fn(*args))
     except PipelineError as err:
@@ -324,7 +335,6 @@ def doit_call(fn: Callable, *args):
 
 
 def doit_task(step: Step) -> dict:
-    from doit.tools import config_changed
     return {
         "name": step.name,
         "doc": step.doc,

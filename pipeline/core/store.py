@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -433,7 +434,6 @@ class Store:
         """Check every object against its sha256 (evicting damaged ones), drop the records whose
         objects are gone or damaged, remove temporary files a killed write left behind.
         Returns {"objects", "bytes", "damaged": [sha256], "records", "dropped": [key], "temp"}."""
-        import time
         summary = {"objects": 0, "bytes": 0, "damaged": [], "records": 0, "dropped": [], "temp": 0}
         folder = self.root / "objects"
         for path in sorted(folder.glob("*/*")) if folder.is_dir() else []:

@@ -28,15 +28,14 @@ import json
 import shutil
 from pathlib import Path
 
+from ..compilers.iree_backend import IREE
 from ..core.errors import PipelineError
-from ..core.layout import Layout
+from ..core.layout import Layout, golden_files, static_model
 from ..core.numerics import compare, summary
 from ..core.steps import execute
 from ..core.store import pretty_json
 from ..core.tools import run_tool
 from ..stages import iree_compile, validate
-from ..compilers.iree_backend import IREE
-from ..stages.plan import golden_files, static_model
 
 STAGE = "bisect"
 MAX_WINDOW = 8   # nodes: the largest standalone repro tried
@@ -55,8 +54,8 @@ class Probe:
 
 class Bisection:
     def __init__(self, project, model, target, abi, report_dir: Path):
-        import numpy as np
-        import onnx
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
+        import onnx  # onnx: 1.5 s, not needed by doit list
 
         self.project, self.model, self.target, self.abi = project, model, target, abi
         self.where = {"model": model.name, "target": f"{target.name}/{abi.name}", "stage": STAGE}
@@ -86,8 +85,8 @@ class Bisection:
 
     # ---- onnxruntime: every intermediate value of the full model, once ------------------------
     def _reference_values(self) -> dict:
-        import onnx
-        import onnxruntime as ort
+        import onnx  # onnx: 1.5 s, not needed by doit list
+        import onnxruntime as ort  # onnxruntime: 0.2 s, not needed by doit list
 
         model = onnx.ModelProto()
         model.CopyFrom(self.onnx)
@@ -115,9 +114,9 @@ class Bisection:
 
     # ---- one probe: extract, compile, run, compare -------------------------------------------
     def probe(self, name: str, node: int, inputs: list[str]) -> Probe:
-        import numpy as np
-        import onnx
-        from onnx.utils import Extractor
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
+        import onnx  # onnx: 1.5 s, not needed by doit list
+        from onnx.utils import Extractor  # onnx: 1.5 s, not needed by doit list
 
         output = self.onnx.graph.node[node].output[0]
         folder = self.work / name
@@ -161,7 +160,7 @@ class Bisection:
         """The model's tolerance, its absolute bounds scaled by the tensor's magnitude: an
         intermediate tensor in the tens carries rounding in the 1e-6s that is no bug (the model's
         own outputs are often probabilities, in 0..1)."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         scale = max(1.0, float(np.abs(expected).max())) if expected.size else 1.0
         return {**self.tolerance, "max_abs": self.tolerance["max_abs"] * scale,
                 "mean_abs": self.tolerance["mean_abs"] * scale}
@@ -211,7 +210,7 @@ class Bisection:
         return None
 
     def _node(self, k: int) -> dict:
-        import onnx
+        import onnx  # onnx: 1.5 s, not needed by doit list
         node = self.onnx.graph.node[k]
         shapes = {v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param
                            for d in v.type.tensor_type.shape.dim]
@@ -251,7 +250,7 @@ class Bisection:
                     shutil.copyfile(p, self.report_dir / p.name)
                 if (src / "actual_0.npy").is_file():  # absent when the window failed to run
                     shutil.copyfile(src / "actual_0.npy", self.report_dir / "actual_0.npy")
-                import numpy as np
+                import numpy as np  # numpy: 0.2 s, not needed by doit list
                 np.save(self.report_dir / "expected_0.npy",
                         self.values[self.onnx.graph.node[first].output[0]], allow_pickle=False)
             else:

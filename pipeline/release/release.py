@@ -32,6 +32,7 @@ Atomic: everything is written in a scratch folder renamed into releases/ at the 
 from __future__ import annotations
 
 import gzip
+import importlib.metadata
 import json
 import os
 import re
@@ -46,6 +47,7 @@ from ..compilers.backends import backend_for
 from ..core.errors import PipelineError
 from ..core.steps import RECORD
 from ..core.store import pretty_json, sha256_file
+from ..stages import runtime
 from .verify import (MANIFEST, PROVENANCE, SIGNATURE, archive_name, check_bundle, digest,
                      file_digest)
 
@@ -155,7 +157,6 @@ def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list
     bin, runtime/include, runtime/licenses; and each model's golden test vectors under
     tests/<model>/ (what `modelyard-run --check` compares with). Adds to `ship` and release.json;
     returns the SBOM's runtime components."""
-    from ..stages import runtime
     components, doc["runtime"] = [], {}
     scratch = project.layout.scratch("release", f"runtime-{target_spec.name}")  # removed by run()
     shutil.rmtree(scratch, ignore_errors=True)
@@ -197,7 +198,6 @@ def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list
 
 
 def _tvm_license() -> Path | None:
-    import importlib.metadata
     try:
         dist = importlib.metadata.distribution("apache-tvm")
     except importlib.metadata.PackageNotFoundError:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ from pathlib import Path
 from . import rknn_run, tvm_run, vulkan
 from ..core.errors import PipelineError
 from ..core.layout import Layout
+from ..core.store import sha256_file
+from ..core.tools import aarch64_runtime, aarch64_tvm, qemu_aarch64, qemu_argv, run_tool
 
 STAGE = "runtime"
 EMULATED_CPU = "cortex-a76"  # the qemu CPU model emulated artifacts run on
@@ -63,8 +66,8 @@ class Choice:
 
 def to_host(device_array):
     """Read an IREE DeviceArray back through a staging buffer (works on every HAL driver)."""
-    import numpy as np
-    import iree.runtime as rt
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    import iree.runtime as rt  # iree.runtime: 1.5 s, not needed by doit list
 
     view, device = device_array._buffer_view, device_array._device
     src = view.get_buffer()
@@ -82,7 +85,7 @@ def to_host(device_array):
 
 def load_module(path: Path, driver: str, entry: str, where: dict):
     """Load a .vmfb on an IREE driver; an artifact built for another device is a clear error."""
-    import iree.runtime as rt
+    import iree.runtime as rt  # iree.runtime: 1.5 s, not needed by doit list
     try:
         module = rt.load_vm_flatbuffer_file(str(path), driver=driver)
         return module[entry]
@@ -181,8 +184,6 @@ class Runner:
         if abi["arch"] == machine:
             return None
         if abi["arch"] == "aarch64" and allow_emulation:
-            from ..core.tools import aarch64_runtime, aarch64_tvm
-            import shutil
             tvm = art.get("format") == tvm_run.FORMAT
             if shutil.which("qemu-aarch64-static") and (
                     aarch64_tvm(required=False) if tvm else aarch64_runtime(required=False)):
@@ -211,7 +212,6 @@ class Runner:
         entry = art["entry"]
         if not choice.path.is_file():
             raise PipelineError(f"artifact file missing: {choice.path}", stage=STAGE, **where)
-        from ..core.store import sha256_file
         if sha256_file(choice.path) != art["sha256"]:
             raise PipelineError(f"{choice.path} does not match its manifest sha256",
                                 stage=STAGE, hint="rebuild, or restore the released file", **where)
@@ -222,7 +222,6 @@ class Runner:
             runner._numpy = True
             return runner
         if choice.emulated:
-            from ..core.tools import aarch64_runtime, qemu_argv
             rt_ = aarch64_runtime(stage=STAGE, **where)
             argv = qemu_argv(EMULATED_CPU, rt_.run_module, "--device=local-task",
                              f"--module={choice.path}", f"--function={entry}", stage=STAGE, **where)
@@ -239,15 +238,12 @@ class Runner:
 
     @classmethod
     def _load_tvm(cls, choice: Choice, entry: str, n_outputs: int, where) -> "Runner":
-        from .tvm_run import TvmModule
         if not choice.emulated:
-            module = TvmModule(str(choice.path), entry)
+            module = tvm_run.TvmModule(str(choice.path), entry)
             return cls(choice, module, entry, n_outputs=n_outputs)
-        from ..core.tools import aarch64_tvm, qemu_aarch64
-        from .tvm_run import RUNNER
         qemu_aarch64(stage=STAGE, **where)
         tv = aarch64_tvm(stage=STAGE, **where)
-        argv = [str(tv.python), str(RUNNER), "--module", str(choice.path), "--entry", entry]
+        argv = [str(tv.python), str(tvm_run.RUNNER), "--module", str(choice.path), "--entry", entry]
         runner = cls(choice, None, entry, emulated_argv=argv, n_outputs=n_outputs, where=where)
         runner._tvm = True
         return runner
@@ -259,7 +255,7 @@ class Runner:
     def _as_declared(self, outputs: list) -> list:
         """IREE's integers are signless: a uint8 output comes back as int8 with the same bytes.
         Read such an output as the dtype the manifest declares (as validation did)."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         fixed = []
         for k, out in enumerate(outputs):
             want = np.dtype(self._declared[k]) if k < len(self._declared) and self._declared[k] else None
@@ -272,9 +268,8 @@ class Runner:
     # -------------------------------------------------------------------------- running
     def run(self, *inputs):
         """Run on numpy arrays; returns a list of numpy arrays (one per model output)."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         if self._emulated_argv:
-            from ..core.tools import run_tool
             with tempfile.TemporaryDirectory(prefix="modelyard-run-") as tmp:
                 ins = [f"{tmp}/in{i}.npy" for i in range(len(inputs))]
                 outs = [f"{tmp}/out{k}.npy" for k in range(self._n_outputs)]

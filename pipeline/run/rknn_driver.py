@@ -19,6 +19,7 @@ sha256 of the exported file, and that it is the file that ships.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 
@@ -42,8 +43,8 @@ def main(argv=None) -> int:
         print("an int8 build needs --dataset (the calibration samples)", file=sys.stderr)
         return 2
 
-    import numpy as np
-    from rknn.api import RKNN
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from rknn.api import RKNN  # RKNN-Toolkit2: in its own venv only, not needed by doit list
 
     def step(name, ret):
         if ret != 0:  # the toolkit printed why (it writes straight to the output, which the caller logs)
@@ -81,7 +82,6 @@ def main(argv=None) -> int:
 
 
 def _toolkit_version() -> str:
-    import importlib.metadata
     return importlib.metadata.version("rknn-toolkit2")
 
 

@@ -53,7 +53,7 @@ class RknnModule:
     """A `.rknn` loaded on the board's NPU through rknn-toolkit-lite2 (librknnrt)."""
 
     def __init__(self, path: str):
-        from rknnlite.api import RKNNLite
+        from rknnlite.api import RKNNLite  # RKNN-Toolkit-Lite2: on the board only, not needed by doit list
         self._rknn = RKNNLite(verbose=False)
         for what, ret in (("load_rknn", lambda: self._rknn.load_rknn(path)),
                           ("init_runtime", lambda: self._rknn.init_runtime())):

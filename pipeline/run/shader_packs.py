@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import os
 import re
 import shutil
@@ -39,7 +40,6 @@ def driver_build(driver: str) -> dict:
     build = {"driver": driver, "library": vulkan_driver_fingerprint(driver)}
     icd = icd_file(driver)
     if icd is not None:
-        import json
         library = Path(json.loads(icd.read_text())["ICD"]["library_path"])
         try:
             linked = subprocess.run(["ldd", str(library)], capture_output=True, text=True,

@@ -12,6 +12,8 @@ from typing import Callable, Protocol
 
 from ..core.errors import PipelineError
 from ..core.tools import distribution_version
+from . import tvm_run, vulkan
+from .app import to_host
 
 NOISY_CV = 0.10          # a series whose coefficient of variation is above this is flagged noisy
 PHASES = ("copy_in", "invoke", "read_back")
@@ -20,7 +22,7 @@ STAGE = "bench"
 
 def stats(samples_ns: list[int]) -> dict:
     """Distribution of one series, in milliseconds (percentiles interpolate linearly)."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     if not samples_ns:
         raise ValueError("no samples")
     ms = np.asarray(samples_ns, dtype=np.float64) / 1e6
@@ -36,7 +38,7 @@ def stats(samples_ns: list[int]) -> dict:
 
 def paired_ratio_p50(a_ns: list[int], b_ns: list[int]) -> float:
     """Median of the per-iteration ratios a_i / b_i (pairs measured next to each other)."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     return round(float(np.median(np.asarray(a_ns, float) / np.asarray(b_ns, float))), 6)
 
 
@@ -67,7 +69,7 @@ class IreeCpuRunner:
 
     def __init__(self, vmfb: Path, entry: str, device: str, threads: int,
                  clock: Callable[[], int] = time.perf_counter_ns):
-        import iree.runtime as rt
+        import iree.runtime as rt  # iree.runtime: 1.5 s, not needed by doit list
         self.rt, self.clock, self.driver = rt, clock, device
         self.threads = threads if device == "local-task" else 1
         if device == "local-task":
@@ -125,8 +127,7 @@ class IreeVulkanRunner(IreeCpuRunner):
 
     def __init__(self, vmfb: Path, entry: str, driver: str, threads: int,
                  clock: Callable[[], int] = time.perf_counter_ns):
-        import iree.runtime as rt
-        from ..run import vulkan
+        import iree.runtime as rt  # iree.runtime: 1.5 s, not needed by doit list
         env = vulkan.driver_env(driver)
         for key in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "XDG_RUNTIME_DIR"):
             if key in env:
@@ -140,7 +141,6 @@ class IreeVulkanRunner(IreeCpuRunner):
 
     @staticmethod
     def read_back(result):
-        from ..run.app import to_host
         return to_host(result)
 
     def describe(self) -> dict:
@@ -162,7 +162,7 @@ class OnnxruntimeCpuRunner:
 
     def __init__(self, model: Path, input_names: list[str], threads: int,
                  clock: Callable[[], int] = time.perf_counter_ns):
-        import onnxruntime as ort
+        import onnxruntime as ort  # onnxruntime: 0.2 s, not needed by doit list
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -198,9 +198,8 @@ class TvmCpuRunner:
     """
 
     def __init__(self, so: Path, entry: str, device: str, threads: int):
-        from ..run.tvm_run import TvmModule
         os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = "0"  # read when TVM's thread pool starts
-        self.module, self.threads = TvmModule(str(so), entry, threads=threads), threads
+        self.module, self.threads = tvm_run.TvmModule(str(so), entry, threads=threads), threads
 
     def describe(self) -> dict:
         return {"kind": "tvm-cpu", "runtime": f"apache-tvm {distribution_version('apache-tvm')} "

@@ -13,11 +13,14 @@ server's worker processes included).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import sys
 import time
 from pathlib import Path
+
+import tvm.rpc
 
 from ..core.errors import PipelineError
 from ..core.tools import aarch64_tvm, qemu_aarch64, start_service, stop_services
@@ -77,7 +80,6 @@ class Farm:
         raise PipelineError(f"the RPC tracker did not start on port {self.port}", stage="tvm_farm")
 
     def _wait_for_boards(self, timeout: float) -> None:
-        import tvm.rpc
         deadline = time.time() + timeout
         while time.time() < deadline:
             if any(p.poll() is not None for p in self.procs):
@@ -105,7 +107,6 @@ class Farm:
 
 
 def main(argv=None) -> int:
-    import argparse
     parser = argparse.ArgumentParser(prog="python -m pipeline.run.tvm_farm")
     parser.add_argument("--port", type=int, default=9190)
     parser.add_argument("--key", default="rk3588")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import PipelineError
-from ..core.tools import ICD_DIR, icd_file, run_tool
+from ..core.tools import ICD_DIR, icd_file, run_tool, vulkan_driver_fingerprint
 
 SUBGROUP_OPS = {"shuffle": 0x10, "arithmetic": 0x4}  # VkSubgroupFeatureFlagBits
 
@@ -91,7 +91,6 @@ def driver_env(driver: str | None, base: dict | None = None, shader_cache: Path 
     its entries by shader and driver too), so that CI can keep it between runs."""
     env = dict(os.environ if base is None else base)
     if shader_cache is not None and driver:
-        from ..core.tools import vulkan_driver_fingerprint
         folder = Path(shader_cache) / vulkan_driver_fingerprint(driver).removeprefix("sha256:")[:16]
         folder.mkdir(parents=True, exist_ok=True)
         env["MESA_SHADER_CACHE_DIR"] = str(folder)
@@ -112,7 +111,7 @@ def driver_env(driver: str | None, base: dict | None = None, shader_cache: Path 
 
 def run_module_tool() -> Path:
     """The host IREE runtime's iree-run-module (ships in the iree-base-runtime wheel)."""
-    import iree.runtime
+    import iree.runtime  # iree.runtime: 1.5 s, not needed by doit list
     return Path(iree.runtime.__file__).resolve().parent.parent / "_runtime_libs" / "iree-run-module"
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from PIL import Image, UnidentifiedImageError
+
 from .common import Doc, as_list, links_out, one_or_many
 
 
@@ -172,8 +174,7 @@ def parse_preprocessing(doc, inputs: dict, where: str, problems: list) -> dict:
 
 def image_to_input(path: Path, pre: Preprocessing, shape, dtype: str):
     """One image file -> one model input array, as the preprocessing says."""
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
 
     h, w = (shape[2], shape[3]) if pre.layout == "NCHW" else (shape[1], shape[2])
     try:
@@ -205,7 +206,7 @@ def image_to_input(path: Path, pre: Preprocessing, shape, dtype: str):
 
 
 def _array(path: Path, array, name: str, shape, dtype: str):
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     shape = tuple(shape)
     if array.shape == shape[1:] and shape[0] == 1:
         array = array[None]
@@ -218,7 +219,7 @@ def _array(path: Path, array, name: str, shape, dtype: str):
 def load_sample(path: Path, kind: str, inputs: list[dict], preprocessing: dict) -> dict:
     """One sample file -> {input name: array}. inputs: [{name, shape, dtype}] of the model;
     preprocessing: {input name: Preprocessing} (images only)."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     if kind == "image":
         (spec,) = inputs  # the spec check allows images for single-input models only
         return {spec["name"]: image_to_input(path, preprocessing[spec["name"]], spec["shape"],

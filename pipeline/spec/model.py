@@ -8,6 +8,7 @@ file and the key, before anything is built. A source's signature is read without
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -97,7 +98,6 @@ class ModelSpec:
 
     def skip_reason(self, abi: str) -> str | None:
         """Why this model is not built for `abi` (a declared, recorded decision), or None."""
-        import fnmatch
         for pattern, reason in self.skip:
             if fnmatch.fnmatchcase(abi, pattern):
                 return reason

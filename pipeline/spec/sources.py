@@ -1,6 +1,6 @@
 """Model sources (spec side): which format a source is, its files, its sha256, its I/O signature.
 
-Conversion to ONNX is the import stage's (pipeline/stages/sources.py).
+Conversion to ONNX is the import stage's (pipeline/rewrite/sources.py).
 
 Model sources other than ONNX: TFLite files and NNEF graph folders, brought into the ONNX stages.
 
@@ -19,14 +19,14 @@ own NHWC interface (it inserts Transposes inside; with --keep-io-names the tenso
 names NNEF cannot spell, such as `input_2:0`, are given back after conversion), once a few gaps are
 fixed (`nnef_fixes.py`: PRELU, SELECT_V2, NNEF stack, shape ops computed at run time, RELU6,
 HARD_SWISH, DEPTH_TO_SPACE...). Before conversion the TFLite graph itself is rewritten where
-nnef-tools cannot follow (pipeline/stages/tflite_rewrite.py: sparse weights densified, fused
+nnef-tools cannot follow (pipeline/rewrite/tflite_rewrite.py: sparse weights densified, fused
 activations unfused, MediaPipe's Convolution2DTransposeBias as TRANSPOSE_CONV + ADD), each
 rewrite checked in LiteRT. The converted model is then checked like any other: the static stage
 compares it with the TFLite interpreter's golden outputs.
 
 nnef-tools still refuses whole classes (Dec 2026, issue 28): full-integer uint8/int8 models,
 RESIZE_BILINEAR with align_corners or a non-integer factor, L2_NORMALIZATION, and it writes dilated
-SAME convolutions onnxruntime rejects. The second route, pipeline/stages/tflite_onnx.py, converts
+SAME convolutions onnxruntime rejects. The second route, pipeline/rewrite/tflite_onnx.py, converts
 TFLite op by op into ONNX (QDQ for quantized tensors), and the import stage takes it when the first
 refuses or its conversion does not match LiteRT (docs/measurements/2026-12-02-tflite-routes.md).
 
@@ -107,7 +107,9 @@ def read_signature(path: Path) -> dict:
 
 
 def _tflite_signature(path: Path) -> dict:
-    import tflite  # the flatbuffer schema: reads any file, custom ops included
+    # tflite: 0.25 s, only for a TFLite source's signature (then memoised); the flatbuffer
+    # schema reads any file, custom ops included
+    import tflite
     try:
         model = tflite.Model.GetRootAsModel(path.read_bytes(), 0)
         graph = model.Subgraphs(0)
@@ -130,7 +132,7 @@ def _tflite_signature(path: Path) -> dict:
 
 def custom_ops(path: Path) -> list[str]:
     """Custom (non-builtin) operators a TFLite file uses: neither LiteRT nor a converter knows them."""
-    import tflite
+    import tflite  # tflite: 0.25 s, only for a TFLite source's signature (then memoised)
     model = tflite.Model.GetRootAsModel(path.read_bytes(), 0)
     names = set()
     for k in range(model.OperatorCodesLength()):
@@ -146,7 +148,7 @@ def _nnef_signature(path: Path) -> dict:
         present = ", ".join(sorted(p.name for p in path.iterdir())[:6]) or "nothing"
         return {"error": f"NNEF folder {path.name}/ has no {NNEF_GRAPH} (it holds: {present}); an "
                          f"NNEF source is a folder with {NNEF_GRAPH} and its .dat tensors"}
-    import nnef
+    import nnef  # nnef: 0.12 s, only for an NNEF source's signature (then memoised)
     try:
         graph = nnef.parse_file(str(graph_file))
         nnef.infer_shapes(graph)

@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field
 
 from ..core.errors import PipelineError, SpecError
 from ..core.store import sha256_file
+from ..core.tools import distribution_version
 from .common import CLOSED, NAME_RE, Doc, Says, check_via, display, given, read_yaml, validate
 from .npu import NpuAbiDoc
 from .npu import parse_abi as parse_npu_abi
@@ -120,7 +121,7 @@ class FallbackDoc(Doc):
     """the known failure this works around, and what the artifact loses (recorded in compile.json)"""
 
 
-# Graph rewrites an ABI may declare as workarounds (pipeline/stages/abi_rewrites.py: REWRITES)
+# Graph rewrites an ABI may declare as workarounds (pipeline/rewrite/abi_rewrites.py: REWRITES)
 ABI_REWRITES = ("depthwise_conv_as_dense", "depthwise_conv3x3_as_slices", "depthwise_conv_as_slices",
                 "depthwise_conv_as_slice_chunks", "conv_transpose_as_depth_to_space",
                 "nearest_resize_as_expand", "strided_conv_as_im2col")
@@ -151,7 +152,7 @@ class ConfigDoc(Doc):
         "expected an iree-compile flag (starting with --), got {input}")]] = []
     """iree-compile flags added to the ABI's `flags` (before its workarounds' flags)"""
     rewrites: list[Literal[ABI_REWRITES]] = []
-    """graph rewrites (pipeline/stages/abi_rewrites.py) applied to the static model, after the
+    """graph rewrites (pipeline/rewrite/abi_rewrites.py) applied to the static model, after the
     ABI's workarounds' ones"""
     why: Annotated[str, Field(min_length=1)]
     """what it changes, and where it was seen to help"""
@@ -421,7 +422,6 @@ def load_pins(models, targets, problems: list, warnings: list) -> tuple[dict, di
     A pinned config that the ABI no longer declares, or declares with other flags, is a problem
     (the build would not be what was measured); a pin searched with another compiler version is
     a warning (its flags still build and are validated, only their ranking may be stale)."""
-    from ..core.tools import distribution_version
     docs: dict = {}
 
     def entry(model, target_name: str):

@@ -184,3 +184,8 @@ def parse_model(doc: TvmDoc | None, model_dir: Path, where: str, problems: list)
         elif links_out(model_dir, [path / n for n in DATABASE_FILES], dw, problems):
             out["database"][target] = path
     return out
+
+
+def budget(model, target) -> dict | None:
+    """A model's tuning budget on a target ({trials, per_task, in_build}), None if it has none."""
+    return model.tvm.get("tune", {}).get(target.name)

@@ -47,12 +47,15 @@ model.yaml:
 """
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
+from ..core.store import sha256_file
 from .calibration import Dataset, check_dataset_fits, list_dataset, parse_preprocessing
 from .common import CLOSED, NAME_RE, Doc, Fraction, NonNegative, Says, ToleranceDoc, given, inside
 
@@ -100,7 +103,6 @@ class VariantSpec:
     skip: tuple = ()             # ((ABI name pattern, reason), ...): besides the model's own skip
 
     def skip_reason(self, abi: str) -> str | None:
-        import fnmatch
         return next((reason for pattern, reason in self.skip if fnmatch.fnmatchcase(abi, pattern)),
                     None)
 
@@ -118,6 +120,26 @@ class VariantSpec:
 
 def full_name(model, variant: VariantSpec) -> str:
     return f"{model.name}.{variant.name}"
+
+
+def variant_model(model, variant: VariantSpec):
+    """The ModelSpec the fp32 step builders see for a variant's chain (its name, its tolerance)."""
+    return dataclasses.replace(model, name=full_name(model, variant), tolerance=variant.tolerance,
+                               variants=())
+
+
+# What a variant's steps (quantize, accuracy, golden, rknn_compile) put in their configs.
+def variant_inputs(model) -> list[dict]:
+    return [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in model.inputs]
+
+
+def variant_preprocessing(model) -> dict:
+    return {k: p.as_dict() for k, p in sorted(model.preprocessing.items())}
+
+
+def variant_tools(v: VariantSpec) -> tuple:
+    return ("onnx", "onnxruntime", "numpy") + (
+        ("pillow",) if "image" in (v.evaluation.kind, getattr(v.calibration, "kind", None)) else ())
 
 
 # ----------------------------------------------------------------------------- spec
@@ -226,7 +248,6 @@ def parse(pre_doc, doc, spec_dir: Path, inputs: dict, tolerance, where: str, pro
             if kw.get(key) is not None and None not in inputs.values():
                 check_dataset_fits(kw[key], inputs, preprocessing, f"{vw}.{key}", problems)
         if kw.get("calibration") and kw.get("evaluation"):
-            from ..core.store import sha256_file
             seen = {sha256_file(p): p.name for p in kw["calibration"].files}
             shared = [p.name for p in kw["evaluation"].files if sha256_file(p) in seen]
             if shared:

@@ -20,19 +20,25 @@ named in divergence.json). Per layer: cosine, max |error|, and max |error| relat
 to max |fp32|; the first layer whose cosine falls below `divergence.cosine` is marked.
 
 Outputs: accuracy.json (the gate), divergence.json (the table), accuracy.txt (both, readable;
-what `doit accuracy` prints). A failing gate also leaves the three in
-artifacts/reports/accuracy/<model>.<variant>/ (the step's own outputs are removed on failure)
-and fails the step with the figures and the first divergent layer.
+what `doit accuracy` prints, followed for an int8 variant by the worst layers of each NPU build's
+own per-layer analysis: RKNN's simulator, its int8 model vs its fp32 run, from the last build).
+A failing gate also leaves the three in artifacts/reports/accuracy/<model>.<variant>/ (the
+step's own outputs are removed on failure) and fails the step with the figures and the first
+divergent layer.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
+from ..core.errors import PipelineError
+from ..core.layout import static_model
 from ..core.steps import StageConfig, Step
+from ..core.store import pretty_json
 from ..run.ort import reduced_session, session, variant_feeds
-from ..spec.variants import IO_DTYPES, PRECISIONS, full_name
-from .model_files import static_model, variant_inputs, variant_preprocessing, variant_tools
-from .quantize import Samples, sample_inputs_problems
+from ..spec.variants import (IO_DTYPES, PRECISIONS, full_name, variant_inputs, variant_preprocessing,
+                             variant_tools)
+from .quantize import Samples, _dataset, load_data, sample_inputs_problems
 
 VERSION = 1
 OUTPUTS = ("accuracy.json", "divergence.json", "accuracy.txt")
@@ -76,7 +82,7 @@ class Config(StageConfig):
 
 
 def _cosine(a, b) -> float:
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 and nb == 0:
         return 1.0
@@ -87,7 +93,7 @@ def _cosine(a, b) -> float:
 
 def gate_metrics(pairs: list[tuple[list, list]], names: list[str], sample_names: list[str]) -> list[dict]:
     """pairs: per sample (fp32 outputs, variant outputs) -> per output the gate's figures."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     rows = []
     for k, name in enumerate(names):
         max_abs, sum_abs, count, nonfinite, agree, total = 0.0, 0.0, 0, 0, 0, 0
@@ -150,8 +156,8 @@ def _types(model) -> dict:
 
 def _exposing(model, names: list[str], types: dict):
     """A copy of `model` that also outputs `names` (each a float tensor of the graph)."""
-    import onnx
-    from onnx import helper
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     model = onnx.ModelProto.FromString(model.SerializeToString())
     present = {o.name for o in model.graph.output}
     for name in names:
@@ -164,7 +170,7 @@ def _exposing(model, names: list[str], types: dict):
 def layers(fp32) -> list[dict]:
     """The float tensors of the fp32 graph in order: its inputs, then every node's outputs
     (Constant nodes are weights: left out)."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     types = _types(onnx.shape_inference.infer_shapes(fp32))
     out = [{"tensor": i.name, "node": f"(input {i.name})", "op": "input"} for i in fp32.graph.input
            if types.get(i.name) in _FLOATS]
@@ -178,8 +184,8 @@ def layers(fp32) -> list[dict]:
 
 def layer_divergence(fp32_path, reduced_path, samples: list[dict], io_dtype: str,
                      cosine_tol: float) -> dict:
-    import numpy as np
-    import onnx
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    import onnx  # onnx: 1.5 s, not needed by doit list
     fp32, reduced = onnx.load(str(fp32_path)), onnx.load(str(reduced_path))
     f_types = _types(onnx.shape_inference.infer_shapes(fp32))
     r_types = _types(onnx.shape_inference.infer_shapes(reduced))
@@ -286,10 +292,63 @@ def render(name: str, acc: dict, div: dict, around: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- the NPU's own view
+# An int8 NPU build's per-layer table, written by stages/rknn_compile.py (its ANALYSIS): read by
+# name, not imported, so that this stage's key does not follow the NPU compiler's code.
+NPU_ANALYSIS = ("rknn_compile", "accuracy_analysis.json")
+
+
+def npu_analyses(layout, variant: str) -> list:
+    """The per-layer analyses of the variant's NPU builds on disk (any target and ABI)."""
+    stage, file = NPU_ANALYSIS
+    pattern = layout.artifact_stage("*", variant, "*", stage).relative_to(layout.root) / file
+    return sorted(layout.root.glob(str(pattern)))
+
+
+def render_npu(record: dict, where: str, ort: dict | None = None, worst: int = 5) -> str:
+    """The worst layers of an NPU build by each of RKNN's cosines, single and entire; beside
+    them, where a layer is a tensor of the ONNX graph, onnxruntime's int8 cosine there (`ort`:
+    this variant's divergence rows by tensor)."""
+    art, rows, ort = record["artifact"], record["layers"], ort or {}
+    lines = [f"NPU {where}: RKNN's own per-layer analysis of the last build's {art['file']} "
+             f"(sha256 {art['sha256'][:12]}; {record['toolkit']}'s accuracy_analysis, simulator):",
+             f"  its int8 model vs the toolkit's fp32 run of the same graph, on the variant's golden "
+             f"input; {len(rows)} layers (RKNN's, after its fusions; '-': no figures given);",
+             "  ort cos: onnxruntime's int8 model at the same tensor, from the table above "
+             "(errors accumulated, like entire)"]
+    fig = lambda r, w, k, f: "-" if r[w] is None else format(r[w][k], f)
+    for which, what in (("single", "the layer's own error"),
+                        ("entire", "with the errors of the layers before it")):
+        order = record["worst_first"][which][:worst]
+        lines += [f"  worst {len(order)} by cosine {which} ({what}):",
+                  f"  {'#':>4}  {'layer':<28}  {'op':<14}  {'cos single':>10}  {'cos entire':>10}  "
+                  f"{'euc single':>10}  {'euc entire':>10}  {'ort cos':>8}"]
+        lines += [f"  {r['index']:>4}  {r['layer'][:28]:<28}  {r['op'][:14]:<14}  "
+                  f"{fig(r, 'single', 'cosine', '.5f'):>10}  {fig(r, 'entire', 'cosine', '.5f'):>10}  "
+                  f"{fig(r, 'single', 'euclidean', '.4g'):>10}  {fig(r, 'entire', 'euclidean', '.4g'):>10}  "
+                  f"{format(ort[r['layer']]['cosine'], '.5f') if r['layer'] in ort else '-':>8}"
+                  for r in (rows[i] for i in order)]
+    return "\n".join(lines) + "\n"
+
+
+def _npu_part(layout, step) -> str:
+    found = npu_analyses(layout, step.name)
+    if not found:
+        return ("NPU: no int8 NPU build of it on disk (`doit build target=T`, T a target with an "
+                "NPU ABI, makes one with RKNN's per-layer analysis)\n"
+                if step.cfg.precision == "int8" else "")
+    div = json.loads((step.out_dir / "divergence.json").read_text())
+    ort = {r["tensor"]: r for r in div["layers"]}
+    parts = []
+    for path in found:
+        target, _, abi = path.relative_to(layout.root).parts[:3]
+        parts.append(render_npu(json.loads(path.read_text()), f"{target}/{abi}", ort)
+                     + f"  (file: {layout.relative(path)})\n")
+    return "\n".join(parts)
+
+
 # ----------------------------------------------------------------------------- the stage
 def run(ctx) -> None:
-    from .quantize import _dataset, load_data
-    from ..core.store import pretty_json
     cfg = ctx.cfg
     samples = load_data(ctx, "evaluation", cfg.evaluation)
     files = cfg.evaluation.files
@@ -342,17 +401,18 @@ def run(ctx) -> None:
 
 def doit_report(layout, steps: list, only: str | None) -> str:
     """`doit accuracy [model=NAME]`: the gate and the layer table of each variant (of NAME:
-    a model, or one model.variant)."""
+    a model, or one model.variant); for int8, the worst layers of its NPU builds by RKNN's own
+    analysis."""
     if not steps:
         return "no model declares variants: (nothing to report)"
     shown = [s for s in steps if only in (None, s.name, s.name.split(".")[0])]
     if not shown:
-        from ..core.errors import PipelineError
         names = ", ".join(s.name for s in steps) or "none (no model declares variants:)"
         raise PipelineError(f"no variant named {only!r}; variants: {names}", stage="accuracy",
                             hint="say model=MODEL or model=MODEL.VARIANT")
     return "\n".join((s.out_dir / "accuracy.txt").read_text()
                      + f"  (files: {layout.relative(s.out_dir)}/accuracy.json, divergence.json)\n"
+                     + (f"\n{npu}" if (npu := _npu_part(layout, s)) else "")
                      for s in shown)
 
 

@@ -17,7 +17,7 @@ and the policy that picks it:
                    why in the reason and ships by the declared order (never silently).
   pinned           (not declared: it comes first when it applies) the slot's fastest validated
                    ABI as `doit search` measured it and pinned it in models/<m>/configs/<target>.yaml
-                   (pipeline/stages/config_search.py); it applies only while the candidates are the
+                   (pipeline/bench/config_search.py); it applies only while the candidates are the
                    very bytes that were timed (their sha256s), else the reason says why not and the
                    slot's policy decides. No timing happens in the build.
 A model can override all of them with an explicit choice: `ship: {rk3588: {cpu: cpu-aarch64-tvm}}`
@@ -32,18 +32,21 @@ Measured figures are measurements: a rebuild restores them from the store under 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers.backends import BY_FORMAT, backend_of
-from ..core.steps import StageConfig, Step
+from ..compilers.builds import not_needed, skipped, unsupported
+from ..core.layout import golden_files
+from ..core.steps import StageConfig, Step, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import python_module_argv, run_tool
+from ..run.timing import OnnxruntimeCpuRunner
 from ..spec.ship import POLICIES
 from .coverage import ops_text
-from .plan import golden_files, not_needed, skipped, unsupported, where
 
 VERSION = 1
 OUTPUTS = ("choice.json",)
@@ -262,7 +265,6 @@ def _runner(art: dict, threads: int):
     default its CPU), or onnxruntime on an .onnx model (format onnx, with its input names: the
     baseline `doit search` times the others against)."""
     if art["format"] == ONNX:
-        from ..run.timing import OnnxruntimeCpuRunner
         return OnnxruntimeCpuRunner(Path(art["path"]), art["input_names"], threads)
     return BY_FORMAT[art["format"]].timer(Path(art["path"]), art["entry"],
                                           art.get("device", CPU), threads)
@@ -271,8 +273,7 @@ def _runner(art: dict, threads: int):
 def measure(plan: dict, on_round=None) -> dict:
     """Round-robin the artifacts on the inputs (the first one of each round rotates);
     `on_round(rounds done, seconds)` after each round."""
-    import os
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     threads = len(os.sched_getaffinity(0))
     inputs = [np.load(p, allow_pickle=False) for p in plan["inputs"]]
     runners = [_runner(a, threads) for a in plan["artifacts"]]

@@ -27,20 +27,27 @@ verdict was checked.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers import tvm_ops
 from ..compilers.backends import BACKENDS, backend_named
+from ..compilers.builds import proxy_pairs
 from ..compilers.iree_backend import IREE
+from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
 from ..compilers.rknn_backend import RKNN
 from ..compilers.tvm_backend import TVM
-from ..core.steps import StageConfig, Step
-from ..core.store import pretty_json
+from ..core.errors import PipelineError
+from ..core.layout import static_model
+from ..core.steps import StageConfig, Step, execute, read_record, where
+from ..core.store import pretty_json, step_key
 from ..core.tools import distribution_version, python_module_argv, run_tool
 from ..spec.sources import ROUTES
-from .plan import compilers, proxy_pairs, static_model, where
+from .static import bind_inputs, localize_subgraphs
+from .tvm_compile import import_onnx
 
 VERSION = 2  # 2: the basis names the table and its test where they now live (pipeline/stages/, tests/e2e/)
 OUTPUTS = ("coverage.json",)
@@ -118,7 +125,7 @@ IREE_RULES = {
 
 
 def _attr(node, name, default):
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
@@ -152,7 +159,7 @@ def walk(graph, shapes: dict, consts: dict, path: str = ""):
 def tvm_supported_ops() -> set[str]:
     """The ops the installed TVM's ONNX frontend converts (its converter map, plus If/Constant
     which it handles itself: see `_check_for_unsupported_ops` in tvm.relax.frontend.onnx)."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map  # tvm: 2.8 s, not needed by doit list
     return set(_get_convert_map()) | {"If", "Constant"}
 
 
@@ -185,8 +192,7 @@ def predict_model(model, tvm_ops: set[str]) -> dict:
 
 def predict(source: Path, shapes: dict) -> dict:
     """{"ops", "iree", "tvm"} for an ONNX source with the spec's shapes bound, shape-inferred."""
-    import onnx
-    from .static import bind_inputs, localize_subgraphs
+    import onnx  # onnx: 1.5 s, not needed by doit list
     model = onnx.load(str(source))
     bind_inputs(model, shapes)
     localize_subgraphs(model.graph)
@@ -254,7 +260,7 @@ def _run_unpredicted(ctx, cfg: Config) -> None:
     """A TFLite/NNEF source: no prediction could be made before the build (the ONNX form is the
     import step's output), so both compilers got their steps. Check the static model now: a
     compiler that cannot take it would only fail later; say which ops, and how to skip it."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     fmt = cfg.format
     model = onnx.load(str(ctx.input("model")))
     try:
@@ -297,7 +303,6 @@ def _basis(compiler: str) -> str:
 
 def _iree_check(ctx, model: Path, where: dict) -> tuple:
     """iree-import-onnx + iree-compile with the confirming ABI's flags: (result, what ran)."""
-    from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
     mlir, out = ctx.scratch / "model.mlir", ctx.scratch / IREE.artifact
     imported = run_tool(import_argv(model, mlir), log=ctx.log, what="iree-import-onnx",
                         check=False, **where)
@@ -343,6 +348,14 @@ def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- steps
+def compilers(target) -> dict:
+    """compiler -> the target's ABI names built by it."""
+    out: dict = {}
+    for abi in target.abis:
+        out.setdefault(abi.compiler, []).append(abi.name)
+    return out
+
+
 def steps(project) -> list:
     """One per model and target (and per target that proxies another's ABIs in a choice)."""
     out = []
@@ -434,7 +447,6 @@ def manifest_table(models: dict, compile_reports: dict, rewrites: dict) -> dict:
 
 
 def _read(path: Path) -> dict | None:
-    import json
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -445,8 +457,6 @@ def _state(step) -> str:
     """done (outputs on disk under the current key), failed (its last run with the current key
     failed: the log's first line names the key, no record does), todo, or waiting (an input is
     missing: an earlier step did not make it)."""
-    from ..core.steps import read_record
-    from ..core.store import step_key
     try:
         key = step_key(step.key_parts())
     except OSError:
@@ -464,8 +474,6 @@ def _state(step) -> str:
 
 def _why(step) -> str:
     """Why a failed step failed: it runs again (a failure is never cached), and says it."""
-    from ..core.errors import PipelineError
-    from ..core.steps import execute
     try:
         execute(step)
     except PipelineError as err:
@@ -568,11 +576,9 @@ def doit_report(project, stage_names: list[str], only: str | None) -> str:
 
 def main(argv=None) -> int:
     """`python -m pipeline.stages.coverage --tvm-import model.onnx`: TVM's import alone (a child)."""
-    import argparse
     parser = argparse.ArgumentParser(prog="python -m pipeline.stages.coverage")
     parser.add_argument("--tvm-import", required=True)
     args = parser.parse_args(argv)
-    from .tvm_compile import import_onnx
     import_onnx(Path(args.tvm_import))
     print("TVM imported the model")
     return 0

@@ -6,14 +6,20 @@ iree-run-module reads) plus golden.json naming them. Every later stage compares 
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 
+from ..core.layout import outputs_for, static_model
+from ..core.numerics import make_input
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
+from ..rewrite.recurrent import sequence_first
+from ..rewrite.sources import tflite_run
 from ..run.ort import reduced_session, session, variant_feeds
+from ..spec.calibration import Preprocessing, SampleError, load_sample
 from ..spec.sources import GOLDEN, source_files
-from ..spec.variants import IO_DTYPES, full_name
-from .model_files import outputs_for, static_model, variant_inputs, variant_preprocessing, variant_tools
+from ..spec.variants import (IO_DTYPES, full_name, variant_inputs, variant_preprocessing,
+                             variant_tools)
 from .quantize import Samples, sample_inputs_problems
 
 VERSION = 1
@@ -67,8 +73,7 @@ class VariantConfig(StageConfig):
 
 
 def run(ctx) -> None:
-    import numpy as np
-    from ..core.numerics import make_input
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
 
     cfg = ctx.cfg
     specs = cfg.inputs
@@ -83,7 +88,6 @@ def run(ctx) -> None:
     reference = cfg.reference or GOLDEN["onnx"]
     try:
         if reference == "litert (source)":  # a TFLite source: its own interpreter is the reference
-            from .sources import tflite_run
             got = tflite_run(ctx.input("source"), {s["name"]: a for s, a in zip(specs, arrays)})
             names = cfg.outputs
             results = [got[n] for n in names]
@@ -93,8 +97,6 @@ def run(ctx) -> None:
             except Exception as exc:  # onnxruntime runs no batch-first LSTM/GRU: the same op
                 if "layout == 1" not in str(exc):  # in layout 0 between Transposes, by the spec
                     raise
-                import tempfile
-                from .recurrent import sequence_first
                 with tempfile.TemporaryDirectory() as tmp:
                     sess = session(sequence_first(ctx.input("source"), tmp))
             names = [o.name for o in sess.get_outputs()]
@@ -121,7 +123,7 @@ def run(ctx) -> None:
 
 def load(ctx):
     """(golden doc, input arrays, output arrays) from a step whose inputs include the golden files."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     doc = json.loads(ctx.input("golden.json").read_text())
     ins = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["inputs"]]
     outs = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["outputs"]]
@@ -139,8 +141,7 @@ def run_variant(ctx) -> None:
     that validating against fp32 within the gate is checked where it is tightest: the sample as
     input_<i>.npy, the variant's onnxruntime outputs (graph optimisations off: the QDQ/fp16 graph
     as written, what IREE compiles) as output_<k>.npy, fp32's as reference_<k>.npy."""
-    import numpy as np
-    from ..spec.calibration import Preprocessing, SampleError, load_sample
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
 
     cfg = ctx.cfg
     pre = {k: Preprocessing.from_dict(v) for k, v in cfg.preprocessing.items()}

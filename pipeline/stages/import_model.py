@@ -21,6 +21,9 @@ from pathlib import Path, PurePosixPath
 
 from ..core.steps import DISK_FULL, StageConfig, Step, key_value
 from ..core.store import pretty_json
+from ..rewrite import sources
+from ..rewrite.graph_edit import main_opset
+from ..spec.model import read_signature
 from ..spec.sources import ROUTES, files_sha256, source_files
 from ..spec.sources import TOOLS as SOURCE_TOOLS
 
@@ -62,13 +65,9 @@ class Config(StageConfig):
         return key
 
 
-def main_opset(model) -> int:
-    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-
-
 def run(ctx) -> None:
-    import onnx
-    from onnx import version_converter
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from onnx import version_converter  # onnx: 1.5 s, not needed by doit list
 
     cfg = ctx.cfg
     fmt = cfg.format
@@ -168,8 +167,6 @@ def _convert(ctx, cfg: Config, source: Path):
     """A TFLite file or NNEF folder (the checked copy) -> ONNX in the scratch folder (sources.py:
     each route of cfg.routes in order, the first that converts and matches LiteRT used),
     interface checked. Returns (the ONNX file, the conversion's record: route, attempts, rewrites)."""
-    from . import sources
-    from ..spec.model import read_signature
     fmt = cfg.format
     converted = ctx.output("model.onnx")  # rewritten below once checked and opset-normalised
     try:  # a TFLite source's custom ops: rewritten into builtins where a rule knows them (tflite_rewrite)
@@ -177,11 +174,11 @@ def _convert(ctx, cfg: Config, source: Path):
     except sources.ConversionError as exc:
         if cfg.custom_ops and str(exc).startswith("custom op"):  # refused before any route (tflite_rewrite)
             raise ctx.error(f"the TFLite model uses {exc}", hint="re-export the model with builtin TFLite "
-                            "ops only (or add a rewrite rule to pipeline/stages/tflite_rewrite.py)")
+                            "ops only (or add a rewrite rule to pipeline/rewrite/tflite_rewrite.py)")
         raise ctx.error(f"no route converts the {fmt} source ({', '.join(cfg.routes)}): {exc}", log=True,
                         hint="an op a route refuses needs a converter: a custom one in "
-                             "pipeline/stages/nnef_fixes.py (nnef-tools) or an op_<NAME> method in "
-                             "pipeline/stages/tflite_onnx.py; or re-export the model")
+                             "pipeline/rewrite/nnef_fixes.py (nnef-tools) or an op_<NAME> method in "
+                             "pipeline/rewrite/tflite_onnx.py; or re-export the model")
     mismatch = sources.io_mismatches(cfg.io, read_signature(converted))
     if mismatch:
         raise ctx.error(f"the converted model's interface differs from the {fmt} source "

@@ -9,32 +9,40 @@ Fallbacks: an ABI may declare `fallbacks:` (pipeline/targets/*.yaml), flag sets 
 when iree-compile fails with its own flags (e.g. without --iree-opt-data-tiling). compile.json
 records every attempt (its flags, and the first `error:` line of those that failed) and, when
 one was used, the fallback and why. When every attempt fails, the error shows IREE's own
-diagnostics (`error:` and `note:` lines, the failing op), not the tail of an IR dump.
+diagnostics (`error:` and `note:` lines, the failing op), not the tail of an IR dump. A
+validation twin tries only the flag set that compiled its shipped artifact (it reads that
+compile.json): the validation of a twin built otherwise would speak for nothing.
+
+Vulkan builds run iree-compile in two phases, to the executable sources (whose `iree_gpu.target`
+records are what the artifact requires of a device: `requires` in compile.json) and from there
+to the .vmfb; the bytes are those of a single run (tests/e2e/test_vulkan.py compares them).
 
 Configs: an ABI may declare `configs:`, named flag sets `doit search` tries per model
-(pipeline/stages/config_search.py); the one pinned in models/<m>/configs/<target>.yaml is added
+(pipeline/bench/config_search.py); the one pinned in models/<m>/configs/<target>.yaml is added
 to the ABI's flags (`config`: its name, flags, and the target whose search chose it), recorded in
 compile.json and the manifest. No pin: no config (the key is what it was without configs).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers.iree_compiler import (attempts, compile_argv, compile_flags, diagnostics,
                                        find_compiler, first_error, import_argv, unsupported_ops)
+from ..compilers.backend import ENTRY
+from ..compilers.builds import built_abis, proxy_abis, variant_abis, variant_skip_reason
 from ..compilers.iree_backend import IREE
 from ..compilers.iree_targets import requirements
-from ..core.steps import StageConfig, Step, key_value
+from ..core.layout import static_model
+from ..core.steps import StageConfig, Step, abi_step_name, key_value, where
 from ..core.store import pretty_json
 from ..core.tools import describe_exit, run_tool, tail
+from ..rewrite.abi_rewrites import REWRITES
+from ..rewrite.abi_rewrites import apply as apply_rewrites
 from ..spec.target import IREE_BACKENDS
-from ..spec.variants import PRECISIONS
-from .abi_rewrites import REWRITES
-from .abi_rewrites import apply as apply_rewrites
-from .plan import (ENTRY, abi_step_name, built_abis, proxy_abis, static_model, variant_abis,
-                   variant_model, variant_skip_reason, where)
+from ..spec.variants import FP16_FEATURES, PRECISIONS, variant_model
 
 VERSION = 3
 OUTPUTS = (IREE.artifact, "compile.json")
@@ -125,14 +133,10 @@ def run(ctx) -> None:
     vmfb = ctx.output(IREE.artifact)
     # Run in the scratch folder on a relative "model.mlir": some SPIR-V targets (llvmpipe) keep
     # the source file name in the artifact, which must not depend on where the build happens.
-    tried, used = [], None
-    for attempt in attempts(cfg.as_key()):
-        config = {**cfg.as_key(), "flags": attempt["flags"]}  # config's, workarounds' included
-        config.pop("workarounds", None)
-        config.pop("config", None)
-        argv = compile_argv(find_compiler(), config, Path(mlir.name), vmfb)
-        result = run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch,
-                          **where)
+    tried, used, requires = [], None, None
+    for attempt in _attempts(ctx, cfg):
+        config = _attempt_config(cfg, attempt)
+        result, requires = _compile(ctx, cfg, config, mlir, vmfb)
         if result.returncode == 0:
             used = attempt
             tried.append({"flags": attempt["flags"], "status": "ok"})
@@ -158,22 +162,17 @@ def run(ctx) -> None:
                                   "flags_used": all(f in used["flags"] for f in w["flags"]),
                                   "rewrites": [a for a in applied if a["rewrite"] in w["rewrites"]]}
                                  for w in cfg.workarounds]
+    if "shipped" in ctx.step.inputs:  # a twin: the flag set that compiled the shipped artifact
+        report["flags_from"] = "the shipped artifact's compile.json (the attempt that compiled it)"
     if len(tried) > 1 or cfg.fallbacks:
         report["attempts"] = tried
-        report["fallback"] = None if used["fallback"] is None else {
-            **used["fallback"], "after": f"{len(tried) - 1} failed attempt(s); the first: "
-                                         f"{tried[0]['error']}"}
-    if cfg.backend == "vulkan-spirv":
-        # The compiler's own target record, from a cheap second run that stops after creating
-        # the executables. (Dumping sources during the real compile would embed their paths.)
-        sources = ctx.scratch / "executables.mlir"
-        run_tool(argv[:-2] + ["--compile-to=executable-sources", "-o", str(sources)],
-                 log=ctx.log, what="iree-compile --compile-to=executable-sources",
-                 cwd=ctx.scratch, **where)
-        report["requires"] = {"vulkan": requirements(sources.read_text())}
-        sources.unlink()
+        after = ("the shipped artifact's failed attempt(s), in its compile.json"
+                 if "shipped" in ctx.step.inputs else
+                 f"{len(tried) - 1} failed attempt(s); the first: {tried[0].get('error')}")
+        report["fallback"] = None if used["fallback"] is None else {**used["fallback"], "after": after}
+    if requires is not None:
+        report["requires"] = {"vulkan": requires}
         if cfg.precision == "fp16":  # never ship fp16 kernels to a device without fp16
-            from ..spec.variants import FP16_FEATURES
             missing = [f for f in FP16_FEATURES
                        if f not in report["requires"]["vulkan"]["device_features"]]
             if missing:
@@ -183,6 +182,62 @@ def run(ctx) -> None:
                                 "Vulkan targets with 16-bit storage only (valhall*, llvmpipe, ...)")
     mlir.unlink(missing_ok=True)
     ctx.output("compile.json").write_text(pretty_json(report))
+
+
+def _compile(ctx, cfg: Config, config: dict, mlir: Path, vmfb: Path):
+    """One iree-compile attempt; returns (its ToolRun, the Vulkan requirements or None).
+
+    A Vulkan build runs in two phases: up to the executable sources (printed with their source
+    locations), whose `iree_gpu.target` records are what the artifact requires of a device, then
+    from there to the .vmfb. The bytes are those of one run (the locations in the artifact are the
+    original model.mlir's); the requirements come from the compiler itself at no extra compile."""
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    argv = compile_argv(find_compiler(), config, Path(mlir.name), vmfb)
+    if cfg.backend != "vulkan-spirv":
+        return run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch,
+                        **where), None
+    staged = ctx.scratch / "executable-sources"
+    staged.mkdir(exist_ok=True)
+    sources = staged / mlir.name  # the same name: an op without a location gets this file's
+    first = compile_argv(find_compiler(), config, Path(mlir.name), sources)
+    result = run_tool(first + ["--compile-to=executable-sources", "--mlir-print-debuginfo"],
+                      log=ctx.log, what="iree-compile --compile-to=executable-sources", check=False,
+                      cwd=ctx.scratch, **where)
+    if result.returncode != 0:
+        return result, None
+    requires = requirements(sources.read_text())
+    result = run_tool(argv + ["--compile-from=executable-sources"], log=ctx.log,
+                      what="iree-compile --compile-from=executable-sources", check=False,
+                      cwd=staged, **where)
+    sources.unlink()
+    return result, requires
+
+
+def _attempt_config(cfg: Config, attempt: dict) -> dict:
+    """The compile config of one attempt: its flags already hold the pinned config's and the
+    workarounds' (attempts()), so those are not added again."""
+    config = {**cfg.as_key(), "flags": attempt["flags"]}
+    config.pop("workarounds", None)
+    config.pop("config", None)
+    return config
+
+
+def _attempts(ctx, cfg: Config) -> list[dict]:
+    """The flag sets to try: the ABI's (attempts()); a twin tries only the one that compiled the
+    shipped artifact, which validation requires anyway (a twin with other flags speaks for
+    nothing), instead of failing again through the attempts the shipped build already failed."""
+    every = attempts(cfg.as_key())
+    if "shipped" not in ctx.step.inputs:
+        return every
+    own = lambda flags: [f for f in flags if not f.startswith(("--iree-vulkan-target=",
+                                                               "--iree-vulkan-target-features="))]
+    shipped = own(json.loads(ctx.input("shipped").read_text())["flags"])
+    for attempt in every:
+        if own(compile_flags(_attempt_config(cfg, attempt))) == shipped:
+            return [attempt]
+    raise ctx.error(f"the shipped artifact was compiled with flags none of this twin's attempts "
+                    f"gives ({' '.join(shipped)})", hint="the twin's config must be the shipped "
+                    "ABI's with another Vulkan target: check the ABI's run.twin in the target YAML")
 
 
 def graph_rewrites(report: dict) -> list[str]:
@@ -244,9 +299,13 @@ def compile_step(layout, model, target, abi, twin: bool = False, config: dict | 
         doc = f"IREE {abi.backend} for {abi.triple} ({abi.cpu})"
     if config is not None:
         doc += f", config {config['name']} (pinned by doit search target={config['pin']})"
+    inputs = {"model": static_model(layout, model)}
+    if twin:  # built with the flags that compiled the shipped artifact
+        inputs["shipped"] = layout.artifact_stage(target.name, model.name, abi.name,
+                                                  IREE.compile_stage) / "compile.json"
     return Step(stage=IREE.compile_stage, name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
                 version=VERSION, config=Config(**abi_config, entry=ENTRY, config=config),
-                inputs={"model": static_model(layout, model)}, outputs=OUTPUTS,
+                inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
                                               "twin_compile" if twin else IREE.compile_stage),
                 tools=("iree-base-compiler", "onnx"), action=run, layout=layout,
@@ -265,7 +324,7 @@ def variant_steps(layout, model, v, targets) -> list:
             for twin in ((False, True) if abi.run["via"] == "twin" else (False,)):
                 s = compile_step(layout, vm, target, abi, twin=twin)
                 out.append(dataclasses.replace(
-                    s, inputs={"model": layout.model_stage(vm.name, "quantize") / "model.onnx"},
+                    s, inputs={**s.inputs, "model": layout.model_stage(vm.name, "quantize") / "model.onnx"},
                     after=(f"accuracy:{vm.name}",), config=dataclasses.replace(s.cfg, precision=v.precision),
                     doc=f"{s.doc}, {v.precision}"))
     return out

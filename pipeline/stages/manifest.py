@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers.backends import backend_named, backend_of
+from ..compilers.builds import built, not_needed, variant_abis, variant_skip_reason
+from ..core.layout import coverage_file, static_model
 from ..core.numerics import worst_cosine
 from ..core.steps import RECORD, StageConfig, Step, key_value
 from ..core.store import pretty_json, sha256_file
 from ..spec.sources import GOLDEN, ROUTES
+from ..spec.tvm import budget
 from ..spec.variants import PRECISIONS, full_name
-from .plan import (budget, built, coverage_file, not_needed, static_model, variant_abis,
-                   variant_skip_reason)
+from .coverage import manifest_table, rewrites_of
 
 VERSION = 2  # 2: TVM artifacts, coverage, skipped, choice
 OUTPUTS = ("manifest.json",)
@@ -134,7 +136,7 @@ def run(ctx) -> None:
                                for e in golden["outputs"]]},
             "static_model": {"sha256": sha256_file(ctx.input(f"{name}:static.onnx")),
                              "ops": static["ops"]},
-            # the static stage's graph surgery (pipeline/stages/rewrites.py): rule, nodes, why
+            # the static stage's graph surgery (pipeline/rewrite/static_rewrites.py): rule, nodes, why
             "static_rewrites": static.get("rewrites", []),
             "artifacts": artifacts,
             "skipped": model.skipped,  # ABI -> why this model is not built for it
@@ -172,7 +174,6 @@ def _coverage_table(ctx, models: dict) -> dict:
     """The target's coverage table (pipeline/stages/coverage.py, also `doit coverage`): per model,
     the ABIs that shipped and the fallback flags a build needed (IREE's), the compilers coverage
     skipped and why, the rewrites import and static applied."""
-    from .coverage import manifest_table, rewrites_of
     compiled, rewrites = {}, {}
     for name, entry in models.items():
         compiled[name] = {abi: _json(ctx, f"{name}:{abi}:compile.json") for abi in entry["artifacts"]}

@@ -21,10 +21,12 @@ import json
 import logging
 from dataclasses import dataclass
 
+from ..core.layout import static_model
 from ..core.steps import StageConfig, Step, key_value
-from ..core.store import pretty_json
-from ..spec.variants import IO_DTYPES, METHODS, PRECISIONS, full_name
-from .model_files import static_model, variant_inputs, variant_preprocessing, variant_tools
+from ..core.store import canonical_json, pretty_json, sha256_file, sha256_text
+from ..spec.calibration import Preprocessing, SampleError, load_sample
+from ..spec.variants import (IO_DTYPES, METHODS, PRECISIONS, full_name, variant_inputs,
+                             variant_preprocessing, variant_tools)
 
 VERSION = 1
 OUTPUTS = {"int8": ("model.onnx", "quantize.json", "calibration.json"),
@@ -128,7 +130,7 @@ class Config(StageConfig):
 def _quiet(log):
     """onnxruntime's quantizer prints and logs warnings (pre-processing advice, histogram
     progress): into the step's log, not the build's output."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # onnxruntime: 0.2 s, not needed by doit list
     ort.set_default_logger_severity(3)
     out = io.StringIO()
     previous = logging.root.manager.disable
@@ -145,7 +147,6 @@ def _quiet(log):
 def load_data(ctx, kind_key: str, data: Samples) -> list[dict]:
     """The data set's samples as model inputs (the step's inputs `<kind_key>:<file>`, turned into
     feeds by its config's inputs and preprocessing); a bad sample is an error naming its file."""
-    from ..spec.calibration import Preprocessing, SampleError, load_sample
     pre = {k: Preprocessing.from_dict(v) for k, v in ctx.cfg.preprocessing.items()}
     samples = []
     for name in data.files:
@@ -192,10 +193,12 @@ def _int8(ctx, model, out_path) -> dict:
     """Calibrate (our own calibrator call, so that every method gets its parameters: through
     quantize_static, onnxruntime 1.32 runs Entropy with 128 bins for 128 quantized bins, i.e.
     MinMax), keep the ranges as calibration.json, then quantize with exactly those ranges."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    # onnxruntime's quantizer: 1.7 s, not needed by doit list
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
                                           QuantType, create_calibrator, quantize_static,
                                           save_tensors_data)
+    # onnxruntime's quantizer: 1.7 s, not needed by doit list
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
     cfg = ctx.cfg
     samples = load_data(ctx, "calibration", cfg.calibration)
@@ -242,10 +245,12 @@ def _int8(ctx, model, out_path) -> dict:
 
 
 def _fp16(ctx, model, out_path) -> dict:
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    # onnxruntime's fp16 converter: 1.7 s, not needed by doit list
     from onnxruntime.transformers.float16 import convert_float_to_float16
     cfg = ctx.cfg
     before = {n.name for n in model.graph.node}
+    # onnxruntime's fp16 converter: 1.7 s, not needed by doit list
     from onnxruntime.transformers.onnx_model import OnnxModel
     with _quiet(ctx.log):
         half = convert_float_to_float16(model, keep_io_types=cfg.io_dtype == "float32",
@@ -259,7 +264,7 @@ def _fp16(ctx, model, out_path) -> dict:
 
 
 def run(ctx) -> None:
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     cfg = ctx.cfg
     model = onnx.load(str(ctx.input("model")))
     _check_nodes(ctx, model, cfg.exclude_nodes)
@@ -303,7 +308,6 @@ def run(ctx) -> None:
 
 def _dataset(ctx, key: str, data: Samples) -> dict:
     """A data set as reports name it: its files with their sha256, and one sha256 over them all."""
-    from ..core.store import canonical_json, sha256_file, sha256_text
     files = [[n, sha256_file(ctx.input(f"{key}:{n}"))] for n in data.files]
     return {"kind": data.kind, "files": len(files), "sha256": sha256_text(canonical_json(files))}
 

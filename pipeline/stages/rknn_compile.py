@@ -23,6 +23,15 @@ names): the same inputs then give the same bytes wherever the repository lives
 (tests/e2e/test_npu.py rebuilds and compares). int8 builds can still differ in a few
 address-like bytes (ppocr_cls.int8: 10 bytes in two fields): an int8 step builds twice and
 compile.json lists the byte ranges that differed (`reproducibility.rebuilt_in_this_step`).
+
+Per-layer divergence (int8 only): int8 children run the driver through run/rknn_analysis.py, and
+the first one then runs the toolkit's accuracy_analysis on the golden inputs, in its simulator:
+the int8 model it built against the toolkit's own fp32 run of the same graph, every layer's
+cosine and euclidean distance, "entire" (errors accumulated from the input) and "single" (the
+layer's own). accuracy_analysis.json holds that table with the sha256 of the .rknn it describes;
+compile.json (and the manifest) the worst layers; `doit accuracy` prints them. It runs after
+export and inference, which it cannot change; fp16 children run the driver alone, unchanged (its
+source text moves the addresses in the file).
 """
 from __future__ import annotations
 
@@ -35,19 +44,23 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers.backend import ENTRY
+from ..compilers.builds import built_abis, variant_skip_reason
 from ..compilers.rknn_backend import RKNN, simulated_output
-from ..core.steps import StageConfig, Step
+from ..core.layout import golden_files, static_model
+from ..core.steps import StageConfig, Step, abi_step_name, where
 from ..core.store import canonical_json, pretty_json, sha256_file, sha256_text
 from ..core.tools import describe_exit, rknn_toolkit, run_tool, tail
+from ..run import rknn_analysis, rknn_driver  # the child's sources: imported to count in the key
 from ..spec.npu import NPU_PRECISIONS
-from ..spec.variants import full_name
-from .plan import (ENTRY, abi_step_name, built_abis, golden_files, static_model, variant_inputs,
-                   variant_model, variant_preprocessing, variant_skip_reason, where)
+from ..spec.variants import full_name, variant_inputs, variant_model, variant_preprocessing
 from .quantize import Samples, load_data
 
 VERSION = 1
 TOOLS = ("rknn-toolkit2",)
-DRIVER = Path(__file__).resolve().parents[1] / "run" / "rknn_driver.py"
+DRIVER = Path(rknn_driver.__file__)
+ANALYSER = Path(rknn_analysis.__file__)  # int8: the driver's run, then accuracy_analysis
+ANALYSIS = "accuracy_analysis.json"   # int8: the toolkit's per-layer table (accuracy.py reads it)
 # The child's whole environment (nothing of the caller's: its size moves the toolkit's addresses).
 RECIPE = {"MALLOC_PERTURB_": "165", "PYTHONHASHSEED": "0", "LC_ALL": "C", "PATH": "/usr/bin:/bin",
           "OMP_NUM_THREADS": "1"}
@@ -55,8 +68,9 @@ ALGORITHMS = ("normal", "mmse", "kl_divergence")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def outputs_of(n_outputs: int) -> tuple[str, ...]:
-    return (RKNN.artifact, "compile.json", *(simulated_output(k) for k in range(n_outputs)))
+def outputs_of(n_outputs: int, precision: str) -> tuple[str, ...]:
+    return (RKNN.artifact, "compile.json", *(simulated_output(k) for k in range(n_outputs)),
+            *((ANALYSIS,) if precision == "int8" else ()))
 
 
 @dataclass(frozen=True)
@@ -92,15 +106,21 @@ class Config(StageConfig):
 
 
 # ----------------------------------------------------------------------------- the stage
-def driver_argv(cfg: Config, root: Path) -> list[str]:
-    """The child's command line, all paths relative to its private root (pure: no toolchain)."""
-    argv = ["setarch", platform.machine(), "-R", f"{root}/venv/bin/python", "driver.py",
+def driver_argv(cfg: Config, root: Path, analysis: bool = False) -> list[str]:
+    """The child's command line, all paths relative to its private root (pure: no toolchain).
+    int8 runs the driver through rknn_analysis.py (analysis: with the toolkit's accuracy_analysis
+    into analysis/); fp16 runs the driver itself, as it always has (its bytes depend on it)."""
+    int8 = cfg.precision == "int8"
+    argv = ["setarch", platform.machine(), "-R", f"{root}/venv/bin/python",
+            "analysis.py" if int8 else "driver.py",
             "--model", "model.onnx", "--out", RKNN.artifact, "--platform", cfg.target_platform,
             "--precision", cfg.precision]
-    if cfg.precision == "int8":
+    if int8:
         argv += ["--dataset", "dataset.txt", "--algorithm", cfg.algorithm]
     argv += [a for i in range(len(cfg.inputs)) for a in ("--input", f"input_{i}.npy")]
     argv += [a for k in range(cfg.n_outputs) for a in ("--sim-output", simulated_output(k))]
+    if int8:
+        argv += ["--driver", "driver.py"] + (["--analysis", "analysis"] if analysis else [])
     return argv + ["--summary", "summary.json"]
 
 
@@ -133,11 +153,74 @@ def _messages(output: str) -> dict:
             "unsupported": [l for l in said if re.search(r"not support|unsupport", l, re.I)]}
 
 
+_FIGURES = r"(?P<ec>\S+) \| (?P<ee>\S+)\s+(?P<sc>\S+) \| (?P<se>\S+)"
+_LAYER = re.compile(r"^\[(?P<op>[^\]]*)\] (?P<layer>.*?)(?:\s+" + _FIGURES + r")?\s*$")
+
+
+def parse_error_analysis(text: str) -> list[dict]:
+    """The table of the toolkit's error_analysis.txt, one row per layer in its order: the op
+    (RKNN's, after its own rewrites), the layer (its output tensor), and the cosine and euclidean
+    distance to the toolkit's fp32 run, `entire` (accumulated from the input) and `single` (the
+    layer's own); None where the toolkit prints no figures (a Conv fused with the activation
+    after it). A line of the table that does not read so is an error."""
+    rows, table = [], False
+    for line in text.splitlines():
+        if line.startswith("-----"):
+            table = True
+        elif table and line.strip():
+            m = _LAYER.match(line.rstrip())
+            if m is None:
+                raise ValueError(f"a line of error_analysis.txt does not read as a layer: {line!r}")
+            fig = lambda c, e: None if m.group(c) is None else {"cosine": float(m.group(c)),
+                                                                "euclidean": float(m.group(e))}
+            rows.append({"index": len(rows), "layer": m.group("layer"), "op": m.group("op"),
+                         "entire": fig("ec", "ee"), "single": fig("sc", "se")})
+    if not rows:
+        raise ValueError("error_analysis.txt has no layer table (no line of dashes, then layers)")
+    return rows
+
+
+def worst_first(rows: list[dict], which: str) -> list[int]:
+    """Indices of the rows with `which` (entire | single) figures, lowest cosine first."""
+    return sorted((r["index"] for r in rows if r[which] is not None),
+                  key=lambda i: rows[i][which]["cosine"])
+
+
+def analysis_record(rows: list[dict], artifact: dict, inputs: list[dict], toolkit: str) -> dict:
+    """accuracy_analysis.json: the table, what it compares, and the file it was computed for."""
+    return {"what": "RKNN-Toolkit2's accuracy_analysis in its simulator: the int8 model this step "
+                    "built (exported as the file below) against the toolkit's own fp32 run of the "
+                    "same graph, layer by layer, on the golden inputs",
+            "toolkit": toolkit, "artifact": artifact, "inputs": inputs,
+            "figures": {"entire": "each layer's output vs fp32, the errors of the layers before "
+                                  "it accumulated",
+                        "single": "the layer's own error, without those of the layers before it "
+                                  "(the toolkit: 'single-layer output error')",
+                        "cosine": "cosine similarity (1: same direction)",
+                        "euclidean": "euclidean distance (in the layer's units)",
+                        "null": "the toolkit printed no figures for the layer (seen: a Conv fused "
+                                "with the activation after it)"},
+            "worst_first": {w: worst_first(rows, w) for w in ("single", "entire")},
+            "layers": rows}
+
+
+def analysis_summary(record: dict) -> dict:
+    """compile.json's (and the manifest's) short form: the worst layer by each cosine."""
+    def worst(which):
+        order = record["worst_first"][which]
+        r = record["layers"][order[0]] if order else None
+        return r and {"layer": r["layer"], "op": r["op"], "cosine": r[which]["cosine"]}
+    return {"file": ANALYSIS, "what": "RKNN-Toolkit2's simulator, int8 vs its fp32 run, per layer "
+                                      "(golden inputs)",
+            "layers": len(record["layers"]), "worst_single": worst("single"),
+            "worst_entire": worst("entire")}
+
+
 def _stage_inputs(ctx, cfg: Config, root: Path) -> dict | None:
     """Copy the model and golden inputs into the child's root under fixed names; for int8 write
     the calibration samples as .npy files and the toolkit's dataset list. Returns what the
     calibration was (for compile.json)."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     shutil.copyfile(ctx.input("model"), root / "model.onnx")
     for i in range(len(cfg.inputs)):
         shutil.copyfile(ctx.input(f"golden:input_{i}.npy"), root / f"input_{i}.npy")
@@ -158,16 +241,20 @@ def _stage_inputs(ctx, cfg: Config, root: Path) -> dict | None:
             "quantized_dtype": "w8a8", "sha256": sha256_text(canonical_json(files))}
 
 
-def _child(ctx, cfg: Config, tk, where: dict) -> tuple[Path, dict | None, dict, dict]:
-    """One run of the driver in a fresh private root: (root, calibration, summary, messages).
-    The caller removes the root; a failure removes it and raises the step's error."""
+def _child(ctx, cfg: Config, tk, where: dict, analysis: bool = False
+           ) -> tuple[Path, dict | None, dict, dict]:
+    """One run of the driver in a fresh private root: (root, calibration, summary, messages);
+    analysis: the toolkit's accuracy_analysis too (root/analysis/). The caller removes the root;
+    a failure removes it and raises the step's error."""
     # A private root whose path has the same length every time (mkdtemp: 8 random characters).
     root = Path(tempfile.mkdtemp(prefix="rknn-", dir="/tmp"))
     try:
         (root / "venv").symlink_to(tk.venv.resolve())
         shutil.copyfile(DRIVER, root / "driver.py")
+        if cfg.precision == "int8":
+            shutil.copyfile(ANALYSER, root / "analysis.py")
         calibration = _stage_inputs(ctx, cfg, root)
-        result = run_tool(driver_argv(cfg, root), log=ctx.log, what="RKNN-Toolkit2 build + simulator",
+        result = run_tool(driver_argv(cfg, root, analysis), log=ctx.log, what="RKNN-Toolkit2 build + simulator",
                           cwd=root, env={**RECIPE, "HOME": str(root)}, check=False, timeout=3600,
                           progress=f"{ctx.step.stage}:{ctx.step.name}", **where)
         messages = _messages(result.output)
@@ -197,11 +284,30 @@ def differing_ranges(a: bytes, b: bytes) -> list[list[int]]:
     return ranges
 
 
+def _analysis(ctx, root: Path, tk, golden_inputs: list[dict]) -> dict:
+    """The first int8 child's error_analysis.txt as accuracy_analysis.json (returned too)."""
+    try:
+        rows = parse_error_analysis((root / "analysis" / "error_analysis.txt").read_text())
+    except (OSError, ValueError) as exc:
+        raise ctx.error(f"RKNN-Toolkit2 {tk.version}'s accuracy_analysis: {exc}", log=True,
+                        hint="no file: run/rknn_analysis.py's hook did not run (the driver must "
+                             "release its model once, at the end); a line it cannot read: adapt "
+                             "rknn_compile.parse_error_analysis to the toolkit's version")
+    record = analysis_record(
+        rows, {"file": RKNN.artifact, "sha256": sha256_file(ctx.output(RKNN.artifact))},
+        golden_inputs, f"rknn-toolkit2 {tk.version}")
+    ctx.output(ANALYSIS).write_text(pretty_json(record))
+    return record
+
+
 def run(ctx) -> None:
     cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     tk = rknn_toolkit(**where)
-    root, calibration, summary, messages = _child(ctx, cfg, tk, where)
+    root, calibration, summary, messages = _child(ctx, cfg, tk, where, cfg.precision == "int8")
+    golden_inputs = [{"file": f"input_{i}.npy", "sha256": sha256_file(ctx.input(f"golden:input_{i}.npy"))}
+                     for i in range(len(cfg.inputs))]
+    analysis = None
     try:
         shutil.copyfile(root / RKNN.artifact, ctx.output(RKNN.artifact))
         sim_outputs = []
@@ -210,6 +316,8 @@ def run(ctx) -> None:
             sim_outputs.append({"file": simulated_output(k),
                                 "sha256": sha256_file(ctx.output(simulated_output(k))),
                                 **summary["outputs"][k]})
+        if cfg.precision == "int8":
+            analysis = _analysis(ctx, root, tk, golden_inputs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rebuilt = None
@@ -234,8 +342,7 @@ def run(ctx) -> None:
             "what": "the model the toolkit built in this step's process, run in its simulator on "
                     "the golden inputs, then exported as the shipped file (sha256 above): the "
                     "simulator cannot run a .rknn re-loaded from disk",
-            "inputs": [{"file": f"input_{i}.npy", "sha256": sha256_file(ctx.input(f"golden:input_{i}.npy"))}
-                       for i in range(len(cfg.inputs))],
+            "inputs": golden_inputs,
             "outputs": sim_outputs},
         "reproducibility": {
             "recipe": "setarch -R (no address randomisation), an empty fixed environment "
@@ -254,6 +361,8 @@ def run(ctx) -> None:
                               "first build ships"}
     if calibration is not None:
         report["calibration"] = calibration
+    if analysis is not None:
+        report["accuracy_analysis"] = analysis_summary(analysis)
     ctx.output("compile.json").write_text(pretty_json(report))
 
 
@@ -282,7 +391,7 @@ def compile_step(layout, model, target, abi, precision: str | None = None, **int
                               n_outputs=n_out, **int8),
                 inputs={"model": static_model(layout, model),
                         **{k: p for k, p in golden.items() if k.startswith("golden:input_")}},
-                outputs=outputs_of(n_out),
+                outputs=outputs_of(n_out, precision),
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, RKNN.compile_stage),
                 tools=TOOLS, action=run, layout=layout,
                 doc=f"RKNN-Toolkit2 {precision} for {abi.target_platform}, simulated on the golden inputs",

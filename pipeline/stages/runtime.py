@@ -21,6 +21,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -196,7 +197,6 @@ def run(ctx) -> None:
 
 def hal_version(tp: Path) -> int:
     """IREE_HAL_MODULE_VERSION_LATEST of the vendored sources: the newest `hal` a .vmfb may import."""
-    import re
     text = (tp / "iree" / "runtime" / "src" / "iree" / "modules" / "hal" / "module.c").read_text()
     return int(re.search(r"#define IREE_HAL_MODULE_VERSION_LATEST IREE_HAL_MODULE_VERSION_0_(\d+)", text)[1])
 

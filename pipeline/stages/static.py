@@ -11,9 +11,9 @@ initializers (a Pad's pads, a Reshape's shape), nor through output shapes the ex
 with symbolic dims. So before simplifying, each subgraph gets its own copy of the outer
 initializers it reads and forgets its recorded shapes; then inference fills them in.
 
-Graph surgery (pipeline/stages/rewrites.py, one function per rewrite, applied only where the
+Graph surgery (pipeline/rewrite/static_rewrites.py, one function per rewrite, applied only where the
 graph has the pattern, each listed in static.json under `rewrites` and checked against golden
-with the rest). Before simplifying, folding to a fixed point (pipeline/stages/fold.py): shape
+with the rest). Before simplifying, folding to a fixed point (pipeline/rewrite/fold.py): shape
 inference, constant folding (the inputs the spec binds to one value and static shapes count as
 known) and the rewrites `fold-constant-if` (If/Where with a known condition), `unroll-loop`
 (Loop with a known trip count), `fold-sequences` and `decompose-contrib-ops` (onnxruntime's
@@ -28,15 +28,19 @@ has the whole sequence.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 
-from ..core.numerics import tolerance_problems
+from ..compilers import tvm_ops
+from ..compilers.backend import ENTRY
+from ..core.layout import golden_files
+from ..core.numerics import compare, describe_failures, summary, tolerance_problems
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
+from ..rewrite.fold import dynamic_tensors, left_control_flow
+from ..rewrite.static_rewrites import Facts, NoRewrite, _dims, apply, fold_constants, subgraphs
 from ..run.ort import session
-from .fold import dynamic_tensors, left_control_flow
-from .model_files import ENTRY, golden_files
-from .rewrites import _dims, reflect_pads_as_gathers, subgraphs  # noqa: F401 (tests call static.reflect_pads_as_gathers)
+from . import golden
 
 # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather
 # rewrite; 4: the `before` phase folds to a fixed point (If/Where, Loop, sequences; static.json
@@ -68,7 +72,6 @@ def constant_value(test_data: dict, dtype: str):
     as golden rounds it), or None: such an input (a sample rate, a mode) is bound by the spec, and
     the static model may be specialised to it (`fold-constant-if`). Float inputs never are: a
     recurrent state whose test data is all zeros is still data."""
-    import math
     rnd = test_data.get("random")
     if not rnd or not dtype.startswith(("int", "uint")):
         return None
@@ -80,7 +83,6 @@ def constant_value(test_data: dict, dtype: str):
 # sequence (`unroll-recurrent`). IREE's part is pipeline/stages/coverage.py's IREE_RULES.
 def lacking_ops() -> tuple[dict, set]:
     """(op -> why a compiler of ours cannot take it, {"op:direction" that none takes})."""
-    from ..compilers import tvm_ops
     version = tvm_ops.installed_version()
     known = tvm_ops.supported_ops(version)
     lacking, nowhere = {}, set()
@@ -101,7 +103,7 @@ def lacking_ops() -> tuple[dict, set]:
 def constant_shapes(model) -> None:
     """Shape every Constant output that inference left without one from the Constant's own
     value (paddle2onnx's `p2o.helper.constant.*` could show as `['?']`): a false alarm otherwise."""
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
     known = {vi.name: vi for vi in model.graph.value_info}
     for node in model.graph.node:
         if node.op_type != "Constant" or len(node.attribute) != 1:
@@ -168,8 +170,7 @@ def simplify(model, shapes: dict) -> tuple:
     """(simplified model, which simplifier ran and why): onnxsim; when it crashes or cannot
     verify its result, onnx's own constant folding with shape inference (rewrites.fold_constants).
     Either way the stage compares the result with golden."""
-    import onnxsim
-    from .rewrites import fold_constants
+    import onnxsim  # onnxsim: 2.5 s, not needed by doit list
     try:
         simplified, ok = onnxsim.simplify(model, overwrite_input_shapes=shapes)
         if ok:
@@ -194,9 +195,8 @@ def make_static(model, inputs, constants=()) -> tuple:
     """(static model, what static.json records of its making: nodes_before, simplifier,
     rewrites, folding, rewrites_declined) for a model and the spec's `inputs` ({name, shape,
     dtype}) and `constants` ({name, value}); raises Refusal. No golden check here: `run` does it."""
-    import numpy as np
-    import onnx
-    from .rewrites import Facts
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    import onnx  # onnx: 1.5 s, not needed by doit list
 
     shapes = {i["name"]: i["shape"] for i in inputs}
     dtypes = {i["name"]: i["dtype"] for i in inputs}
@@ -232,7 +232,6 @@ def make_static(model, inputs, constants=()) -> tuple:
 
 
 def _rewrite(model, phase: str, facts) -> list:
-    from .rewrites import NoRewrite, apply
     try:
         return apply(model, phase, facts)
     except NoRewrite as exc:
@@ -242,7 +241,7 @@ def _rewrite(model, phase: str, facts) -> list:
 
 def _strict_shapes(model):
     """Strict shape inference with data propagation; Constant outputs shaped from their value."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except Exception as exc:
@@ -275,9 +274,7 @@ def _fail_if_dynamic(model, facts) -> None:
 
 
 def run(ctx) -> None:
-    import onnx
-    from . import golden
-    from ..core.numerics import compare, describe_failures, summary
+    import onnx  # onnx: 1.5 s, not needed by doit list
 
     try:
         model, made = make_static(onnx.load(str(ctx.input("model"))), ctx.cfg.inputs,

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers.backend import ENTRY
+from ..compilers.builds import built_abis, proxy_abis
 from ..compilers.tvm_backend import KIND, TVM
-from ..core.steps import StageConfig, Step, key_value
+from ..core.layout import static_model
+from ..core.steps import StageConfig, Step, abi_step_name, key_value, where
 from ..core.store import pretty_json
 from ..core.tools import describe_exit, python_module_argv, run_tool, tail
-from ..spec.tvm import DATABASE
-from .plan import ENTRY, abi_step_name, budget, built_abis, proxy_abis, static_model, where
+from ..spec.tvm import DATABASE, budget
 
 VERSION = 1
 OUTPUTS = (TVM.artifact, "compile.json")
@@ -87,7 +90,6 @@ def compile_argv(model: Path, config: dict, out: Path, database: Path | None) ->
 
 
 def run(ctx) -> None:
-    import shutil
 
     cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
@@ -161,20 +163,20 @@ def compile_step(project, model, target, abi) -> Step:
 # ----------------------------------------------------------------------------- the child
 def import_onnx(path: Path):
     """The static ONNX model as a Relax module (shapes and dtypes from the model itself)."""
-    import onnx
-    from tvm.relax.frontend.onnx import from_onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from tvm.relax.frontend.onnx import from_onnx  # tvm: 2.8 s, not needed by doit list
     return from_onnx(onnx.load(str(path)))
 
 
 def load_database(folder: Path):
-    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
     return ms.database.JSONDatabase(
         path_workload=str(folder / "database_workload.json"),
         path_tuning_record=str(folder / "database_tuning_record.json"), allow_missing=False)
 
 
 def export(executable, out: Path, linker: str) -> None:
-    from tvm.support import cc
+    from tvm.support import cc  # tvm: 2.8 s, not needed by doit list
     # a fresh cross_compiler per export: it mutates the option list it closes over
     executable.export_library(str(out), fcompile=cc.cross_compiler(linker))
 
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--database", help="a folder with a MetaSchedule JSON database to apply")
     args = parser.parse_args(argv)
 
-    import tvm
+    import tvm  # tvm: 2.8 s, not needed by doit list
 
     mod = import_onnx(Path(args.model))
     if args.entry not in [gv.name_hint for gv in mod.functions]:
@@ -198,7 +200,7 @@ def main(argv=None) -> int:
     target = tvm.target.Target(json.loads(args.target))
     records = workloads = 0
     if args.database:
-        from tvm.s_tir import meta_schedule as ms
+        from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
         db = load_database(Path(args.database))
         records = len(db.get_all_tuning_records())
         workloads = len((Path(args.database) / "database_workload.json").read_text().splitlines())

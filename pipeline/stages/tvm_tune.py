@@ -42,6 +42,7 @@ and never shown as performance.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import importlib
@@ -51,20 +52,24 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
+import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers import tuning_db
+from ..compilers.builds import built_abis, proxy_abis
 from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
-from ..core.steps import StageConfig, Step
+from ..core.layout import static_model
+from ..core.steps import StageConfig, Step, abi_step_name, execute, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import (cpu_model, describe_exit, distribution_version, python_module_argv,
                           run_tool, tail)
-from ..spec.tvm import DATABASE, SHARED_DATABASE_DIR, SHARED_DATABASE_FILES, shared_database
-from . import tuning_db
-from .plan import abi_step_name, budget, built_abis, proxy_abis, static_model, where
-from .tvm_compile import Budget
+from ..spec.tvm import DATABASE, SHARED_DATABASE_DIR, SHARED_DATABASE_FILES, budget, shared_database
+from .tvm_compile import Budget, import_onnx
 
 VERSION = 1
 OUTPUTS = (*DATABASE, "tune.json")
@@ -343,7 +348,6 @@ def _follow(path: Path, prefix: str, done) -> None:
 def _run_following(argv: list[str], log: Path, follow: Path, where: dict):
     """Run the tuning child (run_tool, streaming): its `[tune] ` lines are progress, printed as
     they come, as are the news of the scheduler's log `follow`; everything goes to `log`."""
-    import threading
     done = threading.Event()
     watcher = threading.Thread(target=_follow, args=(follow, PROGRESS, done), daemon=True)
     watcher.start()
@@ -372,7 +376,7 @@ def check_tracker(address: str, key: str, where: dict, wait_s: float = 60) -> di
                             hint="start it (python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port "
                                  f"{port or 9190}) or give the right tracker=HOST:PORT",
                             **where) from None
-    import tvm.rpc
+    import tvm.rpc  # tvm: 2.8 s, not needed by doit list
     deadline = time.time() + wait_s
     while True:
         summary = tvm.rpc.connect_tracker(host, int(port)).summary()
@@ -408,7 +412,6 @@ def command(project, target: str | None, model: str | None, farm: dict, pin="0",
             executor: str = "local", scheduler: str | None = None) -> str:
     """`doit tune`: run every tuning step of a target (or of one model) with tuning allowed, here
     (the working database is this machine's); executor=dask builds the candidates on a cluster."""
-    from ..core.steps import execute
     where = {"stage": "tvm_tune", "target": target}
     pin = pin_mode(pin)
     if not target:
@@ -607,9 +610,7 @@ def cpu_tensor_intrinsics() -> None:
     batch paid that again (a 4-candidate batch of a tiny conv took ~4 minutes). LLVM CPU
     targets only use the CPU ones: the package is stood in for by a module that loads just those.
     """
-    import importlib
-    import types
-    import tvm.s_tir
+    import tvm.s_tir  # tvm: 2.8 s, not needed by doit list
     name = "tvm.s_tir.tensor_intrin"
     if name in sys.modules:
         return
@@ -624,16 +625,15 @@ def build_candidate(mod, target, _params):
     """MetaSchedule's default_build without its import of every tensor intrinsic (see above);
     module-level so that the builder's worker processes can import it."""
     cpu_tensor_intrinsics()
-    from tvm.driver import build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+    from tvm.driver import build  # tvm: 2.8 s, not needed by doit list
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # tvm: 2.8 s, not needed by doit list
     return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
 def export_aarch64(mod) -> str:
     """The builder's export for aarch64 candidates: a .so a board's runtime loads (module-level
     so that MetaSchedule's builder processes can import it)."""
-    import tempfile
-    from tvm.support import cc
+    from tvm.support import cc  # tvm: 2.8 s, not needed by doit list
     path = os.path.join(tempfile.mkdtemp(prefix="modelyard-tune-"), "candidate.so")
     mod.export_library(path, fcompile=cc.cross_compiler("aarch64-linux-gnu-g++"))
     return path
@@ -642,7 +642,6 @@ def export_aarch64(mod) -> str:
 def export_host(mod) -> str:
     """A cluster worker's export of a host candidate: a .so linked there (g++), which this
     machine's runner loads as it is (LocalBuilder's default, a .tar, is linked by the runner)."""
-    import tempfile
     path = os.path.join(tempfile.mkdtemp(prefix="modelyard-tune-"), "candidate.so")
     mod.export_library(path)
     return path
@@ -653,8 +652,8 @@ def remote_build(mod_json: str, target_json: str, params: bytes | None, cross: b
     worker process does here (build_candidate, then the export), returning the library's bytes.
     A candidate that does not build is a failed trial, as with LocalBuilder: its error is
     returned, not raised."""
-    import tvm
-    from tvm.runtime import load_param_dict
+    import tvm  # tvm: 2.8 s, not needed by doit list
+    from tvm.runtime import load_param_dict  # tvm: 2.8 s, not needed by doit list
     try:
         built = build_candidate(tvm.ir.load_json(mod_json), tvm.ir.load_json(target_json),
                                 load_param_dict(bytearray(params)) if params else None)
@@ -698,8 +697,8 @@ class ClusterBuilds:
 
     def builder(self):
         """The MetaSchedule builder object (a PyBuilder) that calls build()."""
-        from tvm.ir.utils import derived_object
-        from tvm.s_tir import meta_schedule as ms
+        from tvm.ir.utils import derived_object  # tvm: 2.8 s, not needed by doit list
+        from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
         builds = self
 
         @derived_object
@@ -710,7 +709,7 @@ class ClusterBuilds:
         return DaskBuilder()
 
     def build(self, build_inputs: list) -> list:
-        from tvm.s_tir import meta_schedule as ms
+        from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
         try:
             return [ms.builder.BuilderResult(path, error) for path, error in self._build(build_inputs)]
         except PipelineError as err:   # MetaSchedule would pass it on as a bare RuntimeError
@@ -718,8 +717,8 @@ class ClusterBuilds:
             raise
 
     def _build(self, build_inputs: list) -> list[tuple[str | None, str | None]]:
-        import tvm
-        from tvm.runtime import save_param_dict
+        import tvm  # tvm: 2.8 s, not needed by doit list
+        from tvm.runtime import save_param_dict  # tvm: 2.8 s, not needed by doit list
         this = importlib.import_module(__spec__.name if __spec__ else __name__)  # never __main__
         able = self.cluster.able({}, self.tools)
         if not able:
@@ -822,8 +821,8 @@ def duration(seconds: float) -> str:
 
 
 def _progress_callback(progress: Progress):
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir import meta_schedule as ms
+    from tvm.ir.utils import derived_object  # tvm: 2.8 s, not needed by doit list
+    from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
 
     @derived_object
     class ProgressCallback(ms.measure_callback.PyMeasureCallback):
@@ -841,19 +840,19 @@ class _Key:
     structural equality."""
 
     def __init__(self, mod):
-        import tvm_ffi
+        import tvm_ffi  # tvm_ffi: 1.5 s, not needed by doit list
         self.mod, self.hash = mod, tvm_ffi.structural_hash(mod)
 
     def __hash__(self):
         return self.hash
 
     def __eq__(self, other):
-        import tvm_ffi
+        import tvm_ffi  # tvm_ffi: 1.5 s, not needed by doit list
         return self.hash == other.hash and bool(tvm_ffi.structural_equal(self.mod, other.mod))
 
 
 def workload_keys(lines: list[str]) -> list[_Key]:
-    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
     return [_Key(ms.database.Workload.from_json(json.loads(line)).mod) for line in lines]
 
 
@@ -962,7 +961,6 @@ def main(argv=None) -> int:
 
 
 def _parser():
-    import argparse
     parser = argparse.ArgumentParser(prog="python -m pipeline.stages.tvm_tune")
     for name in ("--model", "--out", "--logs", "--target", "--linker"):
         parser.add_argument(name)
@@ -985,10 +983,9 @@ def _parser():
 
 def _extract_tasks(args) -> list:
     """The model's tunable tasks, one per fused kernel (already scheduled ones left out)."""
-    import tvm
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
-    from .tvm_compile import import_onnx
+    import tvm  # tvm: 2.8 s, not needed by doit list
+    from tvm import relax  # tvm: 2.8 s, not needed by doit list
+    from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
     cpu_tensor_intrinsics()
     target = tvm.target.Target(json.loads(args.target))
     mod = import_onnx(Path(args.model))
@@ -1043,7 +1040,7 @@ def _tune_groups(work: Path, tasks: list, plan: tuning_db.Plan, args,
     """MetaSchedule on the tasks that need trials, one run per per-task cap, appending to the
     working database; returns the tasks found dry, and the progress (trials per task). The
     candidates are built here (LocalBuilder), or on a Dask cluster's workers (`builds`)."""
-    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
     cross = args.linker != "g++"
     workers = 1 if cross else max(1, min(2, os.cpu_count() or 1))
     builder = builds.builder() if builds is not None else ms.builder.LocalBuilder(

@@ -11,19 +11,21 @@ A mismatch fails the step and leaves no validation.json behind.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compilers.backend import ENTRY
 from ..compilers.backends import BY_NAME, backend_named, backend_of
+from ..compilers.builds import built, proxy_pairs, skipped, variant_abis, variant_skip_reason
+from ..core.layout import golden_files
 from ..core.numerics import compare, describe_failures, summary, tolerance_problems
-from ..core.steps import StageConfig, Step, key_value
+from ..core.steps import StageConfig, Step, abi_step_name, key_value, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import run_tool
 from ..run import shader_packs
-from ..spec.variants import PRECISIONS
+from ..spec.variants import PRECISIONS, variant_model
 from . import golden
-from .plan import (ENTRY, abi_step_name, built, golden_files, proxy_pairs, skipped, variant_abis,
-                   variant_model, variant_skip_reason, where)
 
 VERSION = 1
 OUTPUTS = ("validation.json",)
@@ -80,7 +82,7 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     """Run an artifact on the golden inputs through `runner_argv` (this module's, or TVM's) and
     compare with golden; returns (doc, actual, names, executed, result). Fails the step when the
     run fails or the outputs are beyond the tolerance."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
 
     doc, _, expected = golden.load(ctx)
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
@@ -116,7 +118,6 @@ def signless(actual, expected):
 def _same_flags(ctx) -> None:
     """A twin stands for the shipped build only if both were compiled with the same flags but the
     Vulkan target (a fallback may have dropped a flag from one and not the other)."""
-    import json
 
     def flags(name):
         return [f for f in json.loads(ctx.input(name).read_text())["flags"]
@@ -131,7 +132,7 @@ def _same_flags(ctx) -> None:
 
 
 def run(ctx) -> None:
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
 
     cfg = ctx.cfg
     backend = backend_named(cfg.compiler)

@@ -139,7 +139,7 @@ def test_search_pins_the_fastest_config_and_the_build_applies_it_without_timing(
                             *where], capture_output=True, text=True, timeout=900, cwd=ws.root)
     assert build.returncode == 0, build.stdout + build.stderr
     children = spy_log.read_text()
-    assert "pipeline.stages.config_search" not in children and "pipeline.stages.choose" not in children
+    assert "pipeline.bench.config_search" not in children and "pipeline.stages.choose" not in children
     assert "['true']" in children  # the spy sees children (the build restored every step)
 
     art = ws.artifacts / "host"

@@ -18,8 +18,8 @@ import onnx
 import pytest
 
 from families import contrib as fc
-from pipeline.stages.contrib_ops import decompose_contrib_ops
-from pipeline.stages.graph_edit import Facts
+from pipeline.rewrite.contrib_ops import decompose_contrib_ops
+from pipeline.rewrite.graph_edit import Facts
 
 BIN = Path(sys.executable).parent
 HOST = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -123,7 +123,7 @@ def test_an_lstm_it_cannot_unroll_becomes_a_float_lstm_and_says_so(change, why):
 
 
 def test_weights_computed_in_the_graph_are_refused_with_the_reason():
-    from pipeline.stages.graph_edit import NoRewrite
+    from pipeline.rewrite.graph_edit import NoRewrite
     model, _ = fc.MatMul().build()
     scale = next(t for t in model.graph.initializer if t.name == "bs")
     model.graph.initializer.remove(scale)

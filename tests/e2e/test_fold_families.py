@@ -160,7 +160,7 @@ def test_a_loop_on_data_fails_naming_it(trip, why):
 
 
 def test_too_many_iterations_are_declined_with_the_reason():
-    from pipeline.stages import loops
+    from pipeline.rewrite import loops
     case = cf.LoopCase("bound", "scan", 17)
     inputs = case.inputs()
     with pytest.raises(static.Refusal) as info:

@@ -1,8 +1,8 @@
 """The RK3588 NPU backend end to end, with the real RKNN-Toolkit2 (setup.sh's .tools/rknn-venv):
 a small CNN with an int8 and an fp16 variant, built for rk3588's `npu` ABI (and its IREE CPU ABI,
 the fallback): fp16 and int8 `.rknn` files, validated in the toolkit's simulator against golden
-with the ABI's per-precision tolerance, listed as simulated; rebuilt in another folder, the same
-bytes; the runner passes the NPU over on this machine (it has none) and falls back.
+with the ABI's per-precision tolerance, listed as simulated; the int8 build's per-layer analysis by
+RKNN, printed by `doit accuracy`; rebuilt in another folder, the same bytes; the runner passes the NPU over on this machine (it has none) and falls back.
 """
 from __future__ import annotations
 
@@ -95,6 +95,48 @@ def test_int8_variant_is_quantized_by_rknn_on_its_calibration_and_fp16_variant_i
     assert validation["vs_fp32"]["outputs"][0]["cosine"] >= 0.98   # held to the variant's gate
     fp32 = doc["models"]["cnn"]["artifacts"]["npu"]["sha256"]
     assert int8["sha256"] != fp32
+
+
+def test_int8_npu_build_carries_rknns_per_layer_analysis_and_doit_accuracy_prints_it(npu_build):
+    """RKNN's accuracy_analysis, run in the int8 step's own process: a per-layer table of the
+    shipped file's model, naming the CNN's layers; its worst layer in the manifest; `doit
+    accuracy` prints the worst layers under the variant's gate. fp16 builds have none."""
+    ws, targets = npu_build
+    doc = _manifest(ws)
+    art = doc["models"]["cnn.int8"]["artifacts"]["npu"]
+    shipped = ws.artifacts / art["path"]
+    record = json.loads((shipped.parent / "accuracy_analysis.json").read_text())
+    assert record["artifact"] == {"file": "model.rknn", "sha256": sha256(shipped)}
+    golden_in = ws.artifacts / "models" / "cnn.int8" / "golden" / "input_0.npy"
+    assert record["inputs"] == [{"file": "input_0.npy", "sha256": sha256(golden_in)}]
+    rows = {r["layer"]: r for r in record["layers"]}
+    # the CNN's own tensors (RKNN keeps their names; Sub becomes an Add, the Convs fuse their Relus)
+    assert {"x", "xs", "c1", "r1", "c2", "r2", "probs"} <= set(rows)
+    assert rows["c1"]["op"] == rows["c2"]["op"] == "Conv" and rows["r1"]["op"] == "Relu"
+    figures = [r[w] for r in record["layers"] for w in ("single", "entire") if r[w] is not None]
+    assert len(figures) >= 10 and all(-1.0 <= f["cosine"] <= 1.0 and f["euclidean"] >= 0
+                                      for f in figures)
+    assert any(f["cosine"] < 1.0 for f in figures)   # int8: not the fp32 run itself
+    worst = record["layers"][record["worst_first"]["single"][0]]
+    summary = art["compile"]["accuracy_analysis"]
+    assert summary["worst_single"] == {"layer": worst["layer"], "op": worst["op"],
+                                       "cosine": worst["single"]["cosine"]}
+    assert summary["layers"] == len(record["layers"])
+    fp16 = doc["models"]["cnn"]["artifacts"]["npu"]
+    assert "accuracy_analysis" not in fp16["compile"]
+    assert not ((ws.artifacts / fp16["path"]).parent / "accuracy_analysis.json").exists()
+
+    result = ws.doit("accuracy", "target=rk3588", f"targets={targets}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "cnn.int8: int8 vs fp32" in out
+    assert (f"NPU rk3588/npu: RKNN's own per-layer analysis of the last build's model.rknn "
+            f"(sha256 {sha256(shipped)[:12]}") in out
+    lines = out.splitlines()
+    first = lines[next(i for i, l in enumerate(lines) if "by cosine single" in l) + 2].split()
+    assert first[:2] == [str(worst["index"]), worst["layer"]]    # the worst layer, first
+    assert first[3] == f"{worst['single']['cosine']:.5f}"
+    assert "cnn.fp16: fp16 vs fp32" in out and out.count("NPU rk3588/npu") == 1  # fp16: not built
 
 
 def test_npu_builds_are_byte_reproducible_in_another_folder(npu_build, tmp_path):

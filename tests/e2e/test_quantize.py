@@ -519,7 +519,7 @@ def test_compiling_fp16_for_a_target_without_16bit_storage_fails_loudly(rk3588_v
     from pipeline.core.errors import PipelineError
     from pipeline.graph import load_project
     from pipeline.core.steps import execute
-    from pipeline.stages.plan import variant_model
+    from pipeline.spec.variants import variant_model
     ws = rk3588_variants
     project = load_project(ws.models, ws.artifacts, "rk3588")
     (model,) = project.models

@@ -29,8 +29,8 @@ from pipeline import graph
 from pipeline.core.errors import PipelineError
 from pipeline.core.steps import execute
 from pipeline.stages import static
-from pipeline.stages.graph_edit import Facts, _dims
-from pipeline.stages.recurrent import activation_functions, unroll_recurrent
+from pipeline.rewrite.graph_edit import Facts, _dims
+from pipeline.rewrite.recurrent import activation_functions, unroll_recurrent
 
 CASES = recurrent.recurrent_cases()
 TOLERANCE = "{max_abs: 1.0e-5, mean_abs: 1.0e-6, cosine: 0.99999}"

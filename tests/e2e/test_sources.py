@@ -1,4 +1,4 @@
-"""TFLite and NNEF sources (pipeline/spec/sources.py; their conversion, pipeline/stages/sources.py)
+"""TFLite and NNEF sources (pipeline/spec/sources.py; their conversion, pipeline/rewrite/sources.py)
 and shape variants (pipeline/spec/shapes.py)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from conftest import (FIXTURES, REPO, add_default_model, add_fixture_model, add_tiny_model,
                       require_aarch64, sha256, target_registry)
 from pipeline.spec import sources
-from pipeline.stages import sources as conversion
+from pipeline.rewrite import sources as conversion
 from pipeline.core.errors import SpecError
 from pipeline.graph import load_project
 from pipeline.spec import load_models
@@ -237,7 +237,7 @@ def test_basic_pitch_onnx_and_tflite_sources_build_and_their_artifacts_agree(wor
     """The same audio CNN as .onnx and .tflite, built as two models for the host and the RK3588 CPU
     (aarch64, run under qemu): every artifact passes against its own golden (onnxruntime / LiteRT),
     the two goldens agree, and the two sources' artifacts agree with each other and with both goldens.
-    Needs: shape-op folding on the TFLite route, NNEF `stack` (pipeline/stages/nnef_fixes.py), and the
+    Needs: shape-op folding on the TFLite route, NNEF `stack` (pipeline/rewrite/nnef_fixes.py), and the
     static stage's reflect-pad-as-gather rewrite for IREE. Measured on the shared 2-core machine
     (load 2-4): cold build of both models for host + rk3588 CPU 92 s (the ONNX source alone 52 s),
     this whole test ~2 min; too slow for a default model, so the two specs are test fixtures."""
@@ -301,7 +301,7 @@ def test_reflect_pad_as_gather_is_exact_and_leaves_other_pads_alone():
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from pipeline.stages import static
+    from pipeline.rewrite.static_rewrites import reflect_pads_as_gathers
 
     def model(pads, mode, shape, opset, axes=None):
         inits = [numpy_helper.from_array(np.array(pads, np.int64), "p")]
@@ -321,7 +321,7 @@ def test_reflect_pad_as_gather_is_exact_and_leaves_other_pads_alone():
     for pads, mode, opset, axes in cases:
         m = model(pads, mode, list(x.shape), opset, axes)
         (want,) = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})
-        replaced = static.reflect_pads_as_gathers(m)
+        replaced = reflect_pads_as_gathers(m)
         assert replaced == ([] if mode == "constant" else ["pad"])
         assert {n.op_type for n in m.graph.node} == ({"Pad"} if mode == "constant" else {"Gather"})
         onnx.checker.check_model(m)

@@ -1,4 +1,4 @@
-"""Graph rewrites for speed (pipeline/stages/abi_rewrites.py), each checked against onnxruntime
+"""Graph rewrites for speed (pipeline/rewrite/abi_rewrites.py), each checked against onnxruntime
 on the original graph, and compiled by IREE for the host and compared again; plus the IREE bug
 that decides how the ConvTranspose rewrite is written (DepthToSpace mode CRD imported wrong)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.stages.abi_rewrites import conv_transpose_as_depth_to_space, nearest_resize_as_expand
+from pipeline.rewrite.abi_rewrites import conv_transpose_as_depth_to_space, nearest_resize_as_expand
 
 BIN = Path(sys.executable).parent
 HOST = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -136,7 +136,7 @@ def test_depthwise_rewrites_are_the_same_function(rewrite, kernel, strides, bias
     """The depthwise forms (the baseline Vulkan workaround; the Slice form is also a CPU speed
     candidate): onnxruntime and IREE's host build of the rewritten graph agree with the Conv,
     explicit, asymmetric and automatic padding alike."""
-    from pipeline.stages.abi_rewrites import REWRITES
+    from pipeline.rewrite.abi_rewrites import REWRITES
     model = depthwise_model(kernel, strides, bias, auto_pad)
     expected = ort_run(model, DW_X)
     assert REWRITES[rewrite](model) == ["op"]
@@ -156,7 +156,7 @@ def test_slice_chunks_sum_a_5x5_kernel_in_chunks_of_7_and_keep_3x3_as_one_sum(op
     """A 5x5 kernel's 25 taps + bias in 4 Sums of at most 7 terms (IREE fuses at most 16
     operands into one op, two per tap), stacked and reduced; a 3x3 kernel exactly as
     depthwise_conv_as_slices writes it; axes as attributes below opset 13."""
-    from pipeline.stages.abi_rewrites import depthwise_conv_as_slice_chunks, depthwise_conv_as_slices
+    from pipeline.rewrite.abi_rewrites import depthwise_conv_as_slice_chunks, depthwise_conv_as_slices
     model = depthwise_model(5, (1, 1), True)
     model.opset_import[0].version = opset
     expected = ort_run(model, DW_X)
@@ -172,7 +172,7 @@ def test_slice_chunks_sum_a_5x5_kernel_in_chunks_of_7_and_keep_3x3_as_one_sum(op
 
 
 def test_depthwise_conv3x3_as_slices_leaves_larger_kernels_alone():
-    from pipeline.stages.abi_rewrites import REWRITES, depthwise_conv3x3_as_slices
+    from pipeline.rewrite.abi_rewrites import REWRITES, depthwise_conv3x3_as_slices
     model = depthwise_model(5, (1, 1), True)
     before = model.SerializeToString()
     assert depthwise_conv3x3_as_slices(model) == []
@@ -247,7 +247,7 @@ def dense_model(kernel: int, strides, bias: bool, group: int = 1, **pad):
 def test_strided_conv_as_im2col_is_the_same_function(kernel, strides, bias, pad, tmp_path):
     """A strided dense Conv as Pad + one Slice per tap + Concat + 1x1 Conv: onnxruntime and IREE's
     host build of the rewritten graph agree with the Conv."""
-    from pipeline.stages.abi_rewrites import strided_conv_as_im2col
+    from pipeline.rewrite.abi_rewrites import strided_conv_as_im2col
     model = dense_model(kernel, strides, bias, **pad)
     expected = ort_run(model, DW_X)
     assert strided_conv_as_im2col(model) == ["op"]
@@ -263,7 +263,7 @@ def test_strided_conv_as_im2col_is_the_same_function(kernel, strides, bias, pad,
 @pytest.mark.parametrize("kernel,strides,group", [(3, (1, 1), 1), (1, (2, 2), 1), (3, (2, 2), 8)])
 def test_strided_conv_as_im2col_leaves_the_others_alone(kernel, strides, group):
     """Stride 1 (IREE's own code is the faster there), 1x1 (already a matrix product), depthwise."""
-    from pipeline.stages.abi_rewrites import strided_conv_as_im2col
+    from pipeline.rewrite.abi_rewrites import strided_conv_as_im2col
     model = dense_model(kernel, strides, True, group, pads=[kernel // 2] * 4)
     before = model.SerializeToString()
     assert strided_conv_as_im2col(model) == []

@@ -1,4 +1,4 @@
-"""The static stage's graph surgery (pipeline/stages/rewrites.py) and its second simplifier.
+"""The static stage's graph surgery (pipeline/rewrite/static_rewrites.py) and its second simplifier.
 
 Each rewrite class on a small graph built with onnx.helper, checked against onnxruntime on the
 original graph; then through the stage itself (static.json records it, golden still checked)
@@ -21,8 +21,9 @@ from conftest import FIXTURES, add_fixture_model, sha256
 from pipeline import graph
 from pipeline.core.errors import PipelineError
 from pipeline.core.steps import execute
-from pipeline.stages import rewrites, static
-from pipeline.stages.rewrites import Facts
+from pipeline.rewrite import static_rewrites as rewrites
+from pipeline.stages import static
+from pipeline.rewrite.static_rewrites import Facts
 
 RNG = np.random.default_rng(0)
 

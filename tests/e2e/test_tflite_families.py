@@ -12,8 +12,8 @@ import pytest
 from conftest import FIXTURES, REPO, sha256, target_registry
 from families import tflite as fam
 from pipeline.spec.sources import DIRECT_TFLITE, NNEF_TOOLS_TFLITE, read_signature
-from pipeline.stages import sources as conversion
-from pipeline.stages import tflite_onnx
+from pipeline.rewrite import sources as conversion
+from pipeline.rewrite import tflite_onnx
 
 MEMBERS = {f"{family}/{name}": data for family, name, data in fam.members()}
 
@@ -80,7 +80,7 @@ def test_direct_route_on_real_graphs(path):
     """face_landmark (PRELU, fp16 weights through DEQUANTIZE) and the MediaPipe cuts (fused RELU6,
     sparse weights, the custom transposed convolution), after tflite_rewrite as the import does:
     tflite_onnx matches LiteRT on the original (face_landmark 4.6e-5 on outputs up to 158)."""
-    from pipeline.stages import tflite_rewrite
+    from pipeline.rewrite import tflite_rewrite
     rewritten, _ = tflite_rewrite.rewrite(path.read_bytes())
     arrays = conversion.check_inputs(read_signature(path), seed=5)
     want = conversion.tflite_run(path, arrays)

@@ -1,7 +1,7 @@
 """The TFLite route on real MediaPipe graphs (issue 13, item 1): fused activations, sparse weights
 (DENSIFY) and MediaPipe's custom op Convolution2DTransposeBias, each a small graph cut from the
 models of ../shared/models (tests/fixtures/tflite_mediapipe/make_fixtures.py), converted by the
-import stage's route (pipeline/stages/sources.py, tflite_rewrite.py, nnef_fixes.py) and compared
+import stage's route (pipeline/rewrite/sources.py, tflite_rewrite.py, nnef_fixes.py) and compared
 with LiteRT on the original."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, REPO, sha256, target_registry
-from pipeline.stages import sources as conversion
-from pipeline.stages import tflite_rewrite
+from pipeline.rewrite import sources as conversion
+from pipeline.rewrite import tflite_rewrite
 
 FIX = FIXTURES / "tflite_mediapipe"
 

@@ -116,7 +116,7 @@ def test_tvm_artifacts_validate_on_host_and_under_qemu_and_are_reproducible(tmp_
 def test_op_coverage_builds_silero_with_tvm_only_and_the_gru_encoder_once_unrolled(tmp_path):
     """Silero's strided Conv1d is out of IREE's reach, so TVM alone builds it; the GRU encoder,
     which neither compiler takes as it is (2 bidirectional GRUs), ships once the static stage
-    unrolls its GRUs (pipeline/stages/rewrites.py), and the manifest says so."""
+    unrolls its GRUs (pipeline/rewrite/static_rewrites.py), and the manifest says so."""
     ws = Workspace(tmp_path)
     add_fixture_model(ws.models, "silero_vad")
     add_fixture_model(ws.models, "romanizer_encoder")

@@ -1,31 +1,40 @@
-"""The package's layers, read from the source: imports go one way, none in a circle.
+"""The package's layers, read from the source: imports go one way, none in a circle; and the
+module map of docs/architecture.md, generated from the same source.
 
 Every import counts, including those inside functions (they are how the heavy toolchains are
-kept out of `doit list`, and they are where cycles used to hide). Only imports under
-`if TYPE_CHECKING:` are left out: they never run.
+kept out of `doit list`, and they are where cycles used to hide), and so does the package an
+import runs first: `from ..spec import X` imports pipeline/spec/__init__.py, and importing
+`pipeline.x.y` from outside `x/` runs pipeline/x/__init__.py (and what it imports). Only imports
+under `if TYPE_CHECKING:` are left out: they never run.
+
+    python tests/unit/test_architecture.py --write    # regenerate docs/architecture.md's maps
 """
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "pipeline"
+DOC = REPO / "docs" / "architecture.md"
 
 # Top to bottom: a package may import its own modules and those of any package below it.
 LAYERS = [
-    ("bench", "release", "diagnose"),  # commands beside the build: they read what the graph built
-    ("graph",),             # the project and the one table of stages
-    ("stages",),            # one module per doit stage
-    ("compilers",),         # the backends (a compiler and its runners, one object each), thin tool
-                            # wrappers (command lines) and the compilers' recorded facts
-    ("run",),               # runners: IREE, TVM, onnxruntime, qemu, Vulkan, timing; the app-side runtime
-    ("spec",),              # model.yaml and targets -> typed specs
-    ("core",),              # errors, layout, store, tools, steps
+    (("bench", "release", "diagnose"),
+     "commands beside the build (doit bench, profile, search / release, verify, keygen, cache / bisect)"),
+    (("graph",), "the Project, the one table of stages, and the commands that read the graph"),
+    (("stages",), "one module per doit stage: a row of graph/stages.py's STAGES each"),
+    (("compilers",), "the backends and their table, which ABIs a model is built for, the compilers' facts"),
+    (("run",), "runners of artifacts and models (IREE, TVM, RKNN, onnxruntime, qemu, Vulkan), timing"),
+    (("rewrite",), "graph rewrites (ONNX -> ONNX) and conversions of TFLite / NNEF sources to ONNX"),
+    (("spec",), "typed specs of models and targets"),
+    (("core",), "errors, layout, store (+ remote), tools, steps, lock, codehash, settings, signing"),
 ]
-RANK = {pkg: len(LAYERS) - i for i, names in enumerate(LAYERS) for pkg in names}
+RANK = {pkg: len(LAYERS) - i for i, (names, _) in enumerate(LAYERS) for pkg in names}
 
 
 def module_name(path: Path) -> str:
@@ -37,14 +46,13 @@ def _type_checking_block(node) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Modules of `pipeline` that `path` imports, anywhere in the file."""
-    tree = ast.parse(path.read_text())
+def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Names of `pipeline` modules and packages that the source of `module` imports, anywhere in
+    it (a name may be an attribute: graph() keeps those that are modules)."""
+    tree = ast.parse(source)
     skip = {id(n) for block in ast.walk(tree) if _type_checking_block(block)
             for n in ast.walk(block)}
-    package = module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
+    package = module.split(".") if is_package else module.split(".")[:-1]
     found = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -55,25 +63,55 @@ def imports_of(path: Path) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            if not mod.startswith("pipeline"):
+            if mod != "pipeline" and not mod.startswith("pipeline."):
                 continue
-            found.add(mod)  # the package itself: `from . import x` runs its __init__ first
-            for alias in node.names:  # ... and imports the module x
-                if (PIPELINE.parent / (mod.replace(".", "/") + f"/{alias.name}.py")).is_file():
-                    found.add(f"{mod}.{alias.name}")
+            found.add(mod)  # the package or module itself: `from ..spec import X` runs spec/__init__
+            found |= {f"{mod}.{alias.name}" for alias in node.names}  # `from . import x`: the module x
         elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("pipeline")}
-    return {m for m in found if m != module_name(path)}
+            found |= {a.name for a in node.names if a.name == "pipeline" or a.name.startswith("pipeline.")}
+    return {m for m in found if m != module}
 
 
+def imports_of(path: Path) -> set[str]:
+    """Modules of `pipeline` that `path` imports, anywhere in the file."""
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def with_packages(module: str, imported: set[str]) -> set[str]:
+    """The imports and the packages they run first: importing pipeline.x.y from outside x/ runs
+    pipeline/x/__init__.py (a module inside x/ is itself loaded by then, so not for it)."""
+    own = module.split(".")
+    out = set(imported)
+    for name in imported:
+        parts = name.split(".")
+        for i in range(2, len(parts)):
+            if parts[:i] != own[:i]:
+                out.add(".".join(parts[:i]))
+    return out
+
+
+@lru_cache(maxsize=None)
 def graph() -> dict[str, set[str]]:
     mods = {module_name(p): p for p in PIPELINE.rglob("*.py")}
-    return {name: {m for m in imports_of(path) if m in mods} for name, path in mods.items()}
+    return {name: {m for m in with_packages(name, imports_of(path)) if m in mods}
+            for name, path in mods.items()}
 
 
 def layer(module: str) -> str | None:
+    """The layer of a module or package (pipeline.spec and pipeline.spec.model: spec)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 else None
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward(deps: dict[str, set[str]]) -> list[str]:
+    """Imports that go up or sideways: to a package of the same rank or above, not its own."""
+    found = []
+    for mod, targets in deps.items():
+        for dep in targets:
+            a, b = layer(mod), layer(dep)
+            if a and b and a != b and RANK[b] >= RANK[a]:
+                found.append(f"{mod} -> {dep}")
+    return sorted(found)
 
 
 def test_every_module_lives_in_a_layer():
@@ -84,13 +122,33 @@ def test_every_module_lives_in_a_layer():
 
 
 def test_imports_only_go_down():
-    upward = []
-    for mod, deps in graph().items():
-        for dep in deps:
-            a, b = layer(mod), layer(dep)
-            if a and b and a != b and RANK[b] >= RANK[a]:
-                upward.append(f"{mod} -> {dep}")
-    assert not upward, "imports that go up or sideways:\n" + "\n".join(sorted(upward))
+    found = upward(graph())
+    assert not found, "imports that go up or sideways:\n" + "\n".join(found)
+
+
+def test_a_package_import_counts():
+    """`from ..spec import X` in core/ imports pipeline/spec/__init__.py: an upward import, caught
+    like `from ..spec.model import X`; and importing pipeline.spec.model from core/ runs the
+    package's __init__ too."""
+    mods = set(graph())
+    for source in ("from ..spec import load_model\n",
+                   "def f():\n    from ..spec import ModelSpec\n",
+                   "import pipeline.spec\n"):
+        deps = {m for m in imports_in(source, "pipeline.core.probe") if m in mods}
+        assert upward({"pipeline.core.probe": deps}) == ["pipeline.core.probe -> pipeline.spec"], source
+    deps = with_packages("pipeline.core.probe", imports_in("from ..spec.model import X\n",
+                                                           "pipeline.core.probe"))
+    assert {"pipeline.spec", "pipeline.spec.model"} <= deps
+    # inside its own package a module does not run the package's __init__ again
+    assert with_packages("pipeline.spec.model", {"pipeline.spec.common"}) == {"pipeline.spec.common"}
+
+
+def test_every_stage_module_is_a_stage():
+    """stages/ holds stages: each of its modules is the module of a row of STAGES."""
+    from pipeline.graph.stages import STAGES
+    rows = {s.module.__name__ for s in STAGES}
+    modules = {module_name(p) for p in (PIPELINE / "stages").glob("*.py") if p.name != "__init__.py"}
+    assert modules == rows, f"in stages/ but not a stage: {sorted(modules - rows)}"
 
 
 def test_no_import_cycle():
@@ -120,6 +178,53 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     found = imports_of(sample)
     assert "pipeline.core.errors" in found
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(ast.parse(sample.read_text())))
+
+
+# An import inside a function must save something measured on the way to `doit list`: a comment
+# on its lines (or the comment line just above them) names what it costs, "<what>: <N> s" or
+# "<what>: ... only". An import that costs nothing goes to the top. A try/except ImportError is a
+# probe of what is installed, not a deferral.
+COST_COMMENT = re.compile(r"#\s*[^:\n]+: (\d+(?:\.\d+)? s\b|[^\n,;]*\bonly\b)")
+
+
+def uncommented_function_imports(source: str, label: str) -> list[str]:
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    probes = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+              and any("ImportError" in ast.unparse(h.type or ast.Name("BaseException")) for h in t.handlers)
+              for stmt in t.body for n in ast.walk(stmt)}
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in probes:
+                continue
+            text = lines[node.lineno - 1:node.end_lineno]
+            above = node.lineno - 2  # a comment above a run of imports speaks for the run
+            while above >= 0 and lines[above].strip().startswith(("import ", "from ", "#")):
+                if lines[above].strip().startswith("#"):
+                    text.insert(0, lines[above])
+                above -= 1
+            if not any(COST_COMMENT.search(t) for t in text):
+                found.append(f"{label}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_import_inside_a_function_names_its_cost():
+    found = []
+    for path in sorted(PIPELINE.rglob("*.py")) + [REPO / "dodo.py"]:
+        found += uncommented_function_imports(path.read_text(), str(path.relative_to(REPO)))
+    assert not found, ("imports inside functions that say no cost (move them to the top, or say "
+                       "what they save: `# onnx: 1.5 s, not needed by doit list`):\n" + "\n".join(found))
+
+
+def test_the_cost_check_sees_a_silent_import():
+    code = ("def f():\n    import json\n"
+            "def g():\n    import onnx  # onnx: 1.5 s, not needed by doit list\n"
+            "def h():\n    # tvm: 2.8 s, not needed by doit list\n    import tvm\n"
+            "def i():\n    try:\n        import rknnlite.api\n    except ImportError:\n        pass\n")
+    assert uncommented_function_imports(code, "probe.py") == ["probe.py:2: import json"]
 
 
 def test_doit_list_imports_no_toolchain_and_runs_no_tool(tmp_path):
@@ -209,3 +314,63 @@ def test_the_backend_check_sees_the_forms_the_old_code_used():
     found = compared_backend_words(code, "probe.py", backend_words())
     assert [f.split(": ", 1)[0] for f in found] == ["probe.py:2", "probe.py:3", "probe.py:4",
                                                     "probe.py:5"], found
+
+
+# ----------------------------------------------------------------------------- the module map
+# docs/architecture.md's layer diagram and module list are generated from LAYERS and the modules
+# themselves (line count, the docstring's first line): the test below fails when they drift.
+BEGIN, END = "<!-- begin {} (generated: python tests/unit/test_architecture.py --write) -->", "<!-- end {} -->"
+
+
+def layer_diagram() -> str:
+    rows = [("dodo.py", "doit wiring: one task per row of the stage table, and the commands")]
+    rows += [("  " + "  ".join(f"{n}/" for n in names), what) for names, what in LAYERS]
+    width = max(len(name) for name, _ in rows) + 3
+    return "\n".join(f"{name:<{width}}{what}".rstrip() for name, what in rows)
+
+
+def module_list() -> str:
+    """Per package, bottom layer first: one line per module, its line count and the first line
+    of its docstring (a package's __init__.py only when it has one)."""
+    lines = []
+    for names, _ in reversed(LAYERS):
+        for name in names:
+            lines.append(f"pipeline/{name}/")
+            files = sorted((PIPELINE / name).glob("*.py"), key=lambda p: (p.name != "__init__.py", p.name))
+            for path in files:
+                text = path.read_text()
+                doc = ast.get_docstring(ast.parse(text))
+                if path.name == "__init__.py" and not doc:
+                    continue
+                first = (doc or "").strip().splitlines()[0] if doc else "(no docstring)"
+                lines.append(f"  {path.name:<22}{len(text.splitlines()):>5}  {first}")
+    return "\n".join(lines)
+
+
+def render_doc(text: str) -> str:
+    """The doc with its generated blocks made current."""
+    for block, body in (("layers", layer_diagram()), ("modules", module_list())):
+        begin, end = BEGIN.format(block), END.format(block)
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise AssertionError(f"{DOC.name} lacks the {block} block ({begin} ... {end})")
+        text = pattern.sub(lambda _: f"{begin}\n```\n{body}\n```\n{end}", text)
+    return text
+
+
+def test_the_module_map_is_current():
+    text = DOC.read_text()
+    assert text == render_doc(text), (f"{DOC.relative_to(REPO)} is out of date with the code: run "
+                                      f"`python tests/unit/test_architecture.py --write`")
+
+
+def test_the_layers_table_names_every_layer():
+    rows = set(re.findall(r"^\| `(\w+)/` \|", DOC.read_text(), re.M))
+    assert rows == set(RANK), f"layers table: {sorted(rows)} vs LAYERS: {sorted(RANK)}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python tests/unit/test_architecture.py --write")
+    DOC.write_text(render_doc(DOC.read_text()))
+    print(f"wrote {DOC.relative_to(REPO)}")

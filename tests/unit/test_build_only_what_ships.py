@@ -1,5 +1,5 @@
 """A slot with `build: shipped` builds only the ABI that ships when that is known before building
-(pipeline/stages/plan.py `not_needed`): rk3588's TVM CPU build is not made for a model whose IREE
+(pipeline/compilers/builds.py `not_needed`): rk3588's TVM CPU build is not made for a model whose IREE
 build ships by policy prefer, and the manifest and the choice say why; a model that IREE cannot
 take, an explicit choice, a tuning budget, or `build: all` builds it as before."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.graph import load_project
-from pipeline.stages.plan import coverage_file
+from pipeline.core.layout import coverage_file
 
 REPO = Path(__file__).resolve().parents[2]
 TVM_ABI = "cpu-aarch64-tvm"

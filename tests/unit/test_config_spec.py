@@ -16,7 +16,8 @@ from pipeline.core.tools import distribution_version
 from pipeline.graph import load_project
 from pipeline.spec import load_models, load_target
 from pipeline.spec.target import PIN_FORMAT, pin_path, read_pin
-from pipeline.stages import choose, config_search, iree_compile
+from pipeline.bench import config_search
+from pipeline.stages import choose, iree_compile
 
 HOST = {
     "description": "test host",

@@ -2,7 +2,7 @@
 once showed only nnef-tools' last line, `output-shapes: (1, 128)`, not the op and the reason)."""
 from __future__ import annotations
 
-from pipeline.stages.sources import converter_reason
+from pipeline.rewrite.sources import converter_reason
 
 REFUSED = """Found 1 operator(s) that cannot be converted
 Conversion of operator 'l2_normalization' is not possible: axes must be of length 1

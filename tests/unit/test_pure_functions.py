@@ -82,7 +82,7 @@ def test_compile_flags_are_a_pure_function_of_the_abi():
 
 def test_the_abi_rewrites_the_spec_accepts_are_those_the_compile_stage_has():
     from pipeline.spec.target import ABI_REWRITES
-    from pipeline.stages.abi_rewrites import REWRITES
+    from pipeline.rewrite.abi_rewrites import REWRITES
     assert set(ABI_REWRITES) == set(REWRITES)
 
 
@@ -107,7 +107,7 @@ def test_the_search_knows_two_rewrite_lists_that_leave_the_same_graph(tmp_path):
     """dw-chunks differs from dw-slices only on kernels above 3x3: on a 3x3 model the two give
     one graph (the search records the second as same-as, unbuilt), on a 5x5 model two; a rewrite
     with nothing to rewrite leaves the graph as it was."""
-    from pipeline.stages.config_search import _GraphDigests
+    from pipeline.bench.config_search import _GraphDigests
     slices, chunks = ["depthwise_conv_as_slices"], ["depthwise_conv_as_slice_chunks"]
     small = _GraphDigests(_depthwise_model(tmp_path / "k3.onnx", 3))
     assert small.of(slices) == small.of(chunks) != small.of([])

@@ -1,4 +1,4 @@
-"""The tuning budget's arithmetic against a shared database (pipeline/stages/tuning_db.py), the
+"""The tuning budget's arithmetic against a shared database (pipeline/compilers/tuning_db.py), the
 progress line's estimate, the tuning curve's checkpoints and interleaving: pure, no TVM."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.bench.tuning_curve import Options, checkpoints, interleaved
 from pipeline.core.errors import PipelineError
-from pipeline.stages.tuning_db import exhausted_after, plan
+from pipeline.compilers.tuning_db import exhausted_after, plan
 from pipeline.stages.tvm_tune import Progress, duration, pin_mode, search_population
 
 

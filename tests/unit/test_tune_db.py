@@ -1,4 +1,4 @@
-"""The tuning database's files (pipeline/stages/tuning_db.py), no TVM: a torn last line is
+"""The tuning database's files (pipeline/compilers/tuning_db.py), no TVM: a torn last line is
 dropped with a warning and cut off before anything appends; any other bad line is an error;
 merging and selecting keep MetaSchedule's bytes and renumber records by workload."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipeline.stages.tuning_db import (META, RECORDS, WORKLOADS, Database, DatabaseError, append,
+from pipeline.compilers.tuning_db import (META, RECORDS, WORKLOADS, Database, DatabaseError, append,
                                        merge, read_lines, repair, select)
 
 W = ['["11","AAAA"]', '["22","BBBB"]', '["33","CCCC"]']   # workload lines (shash, module)

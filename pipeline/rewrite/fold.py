@@ -15,7 +15,7 @@ condition or trip count depends on (data at run time), rather than a list of unk
 from __future__ import annotations
 
 from .graph_edit import (Facts, _constant_values, _dims, _evaluate_node, _outer_names_of,
-                         topological_sort)
+                         constant_of, topological_sort)
 
 MAX_PASSES = 32
 FOLD_MAX_ELEMENTS = 1 << 16   # a folded value may have this many elements, or as many as its inputs
@@ -64,7 +64,7 @@ def infer(model) -> str | None:
     """onnx shape inference with data propagation, written into the model in place (value_info
     and graph outputs; stale shapes dropped first: a folded If may change an output's rank).
     Returns the inference error's first line when it fails (the model keeps no shapes then)."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     del model.graph.value_info[:]
     for out in model.graph.output:
         if out.type.HasField("tensor_type"):
@@ -112,7 +112,7 @@ def fold_values(model, facts: Facts, max_elements: int | None = FOLD_MAX_ELEMENT
     `max_elements` and than their inputs stay nodes (a folded Expand must not bloat the model;
     onnxsim decides about those). `facts.origins` says where each folded value came from.
     Returns how many nodes were folded."""
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
     graph = model.graph
     known = {**_constant_values(graph), **facts.constants}
     outputs = {o.name for o in graph.output}
@@ -143,7 +143,7 @@ def fold_values(model, facts: Facts, max_elements: int | None = FOLD_MAX_ELEMENT
 
 def _fold(node, known: dict, facts: Facts, opset_import, outputs: set, max_elements):
     """{output name: value} of a node whose value is known, or None."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     if (node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC | NOT_TENSORS
             or node.op_type == "Constant" or all(o in known for o in node.output if o)):
         return None
@@ -175,14 +175,13 @@ def _fold(node, known: dict, facts: Facts, opset_import, outputs: set, max_eleme
 
 
 def _attr(node, name: str, default):
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def constants_as_initializers(graph) -> int:
     """Constant nodes as initializers (the second simplifier's output has no Constant left)."""
-    from onnx import numpy_helper
-    from .graph_edit import constant_of
+    from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     outputs = {o.name for o in graph.output}
     kept, count = [], 0
     for node in graph.node:

@@ -9,7 +9,7 @@ compares the rewritten model with golden in onnxruntime, as for every static mod
 
 Phases: `before` runs on the bound model before it is simplified (onnxsim and shape inference
 cannot see through what these remove: an `If` on a bound input, a Loop, com.microsoft ops), to
-a fixed point with shape inference and constant folding (pipeline/stages/fold.py: what one
+a fixed point with shape inference and constant folding (fold.py: what one
 rewrite exposes, such as the If inside an inlined branch, the next pass takes); `after` runs
 once, on the simplified model with strictly inferred, static shapes.
 """
@@ -79,7 +79,7 @@ def fold_constant_branches(model, facts: Facts) -> list[str]:
 def _condition(model, cond: str, producer: dict, known: dict, facts: Facts):
     """(value, origin) of a condition computed from known values only, or None. The origin
     names the bound inputs and the shapes it came from (empty: constants only)."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     needed, todo, leaves, origin = [], [cond], {}, set()
     seen = set()
     while todo:  # the nodes the condition depends on, back to known values
@@ -116,8 +116,8 @@ def _condition(model, cond: str, producer: dict, known: dict, facts: Facts):
 def _evaluate(opset_import, nodes, output: str, feeds: dict):
     """The value of `output` computed by `nodes` from constant `feeds` (onnx's reference
     evaluator)."""
-    from onnx import helper, numpy_helper
-    from onnx.reference import ReferenceEvaluator
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
+    from onnx.reference import ReferenceEvaluator  # onnx: 2.0 s, not needed by doit list
     graph = helper.make_graph(nodes, "condition", [], [helper.make_tensor_value_info(output, 0, None)],
                               initializer=[numpy_helper.from_array(v, n) for n, v in feeds.items()])
     return ReferenceEvaluator(helper.make_model(graph, opset_imports=opset_import)).run(None, {})[0]
@@ -127,7 +127,7 @@ def _inline(graph, node, branch) -> list:
     """The branch's nodes in the outer graph: its initializers become outer initializers (a copy
     of an outer one reads that one), every name it defines gets a prefix (outer names keep
     theirs), its outputs become the If's."""
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     prefix = f"{node.name or node.output[0]}__inl__"
     results = {}
     for o, out in zip(branch.output, node.output):
@@ -145,7 +145,7 @@ def _inline(graph, node, branch) -> list:
 
 # ----------------------------------------------------------------------------- reflect Pad
 def _reflect_indices(size: int, before: int, after: int):
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     idx = np.abs(np.arange(-before, size + after))          # reflect about the first element
     return np.where(idx > size - 1, 2 * (size - 1) - idx, idx).astype(np.int64)  # ... and the last
 
@@ -162,7 +162,7 @@ def reflect_pads_as_gathers(model) -> list[str]:
     cause. A reflect Pad only copies elements, so every reflect Pad with constant pads becomes
     one Gather per padded axis with the constant indices reflection reads: the same values, bit
     for bit."""
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
     inits = {t.name: t for t in model.graph.initializer}
     shapes = {vi.name: _dims(vi) for vi in list(model.graph.input) + list(model.graph.value_info)}
     nodes, replaced = [], []
@@ -258,7 +258,7 @@ def fold_constants(model):
     then every node whose inputs are all constants (or a Shape/Size of a static tensor) evaluated
     by onnx's reference evaluator into an initializer, Constant nodes made initializers, until
     nothing changes; dead nodes and initializers dropped. Subgraphs are left as they are."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     topological_sort(model.graph)
     facts = Facts()
     while True:

@@ -1,8 +1,14 @@
 """What the graph rewrites share: the facts they rely on, the refusal they raise, and small
-helpers to read values and replace nodes (pipeline/stages/rewrites.py has the registry)."""
+helpers to read values and replace nodes (static_rewrites.py has the static stage's registry)."""
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
+
+
+def main_opset(model) -> int:
+    """The model's ai.onnx opset."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
 class NoRewrite(Exception):
@@ -42,7 +48,7 @@ def subgraphs(graph):
 
 
 def _attrs(node) -> dict:
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
@@ -51,7 +57,7 @@ def _text(value):
 
 
 def _inits(graph) -> dict:
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     return {t.name: numpy_helper.to_array(t) for t in graph.initializer}
 
 
@@ -68,8 +74,8 @@ def _constant_values(graph) -> dict:
 def constant_of(node):
     """The value of a Constant node as an array (any of its value attributes but sparse ones
     and strings), or None."""
-    import numpy as np
-    from onnx import helper, numpy_helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
     if node.op_type != "Constant" or len(node.attribute) != 1:
         return None
     a = node.attribute[0]
@@ -126,13 +132,13 @@ class _Builder:
         return f"{self.stem}__{what}_{self.k}"
 
     def const(self, array, what: str = "c") -> str:
-        from onnx import numpy_helper
+        from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
         name = self.name(what)
         self.graph.initializer.append(numpy_helper.from_array(array, name))
         return name
 
     def op(self, op_type: str, inputs: list, n_out: int = 1, out: list | None = None, **attrs):
-        from onnx import helper
+        from onnx import helper  # onnx: 1.5 s, not needed by doit list
         outs = out or [self.name(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), **attrs))
         return outs[0] if len(outs) == 1 else outs
@@ -149,8 +155,8 @@ def _replace(graph, replacements: dict) -> None:
 
 def _evaluate_node(opset_import, node, feeds: dict) -> list:
     """The outputs of one node on constant inputs (onnx's reference evaluator)."""
-    from onnx import helper, numpy_helper
-    from onnx.reference import ReferenceEvaluator
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
+    from onnx.reference import ReferenceEvaluator  # onnx: 2.0 s, not needed by doit list
     graph = helper.make_graph([node], "fold", [],
                               [helper.make_tensor_value_info(o, 0, None) for o in node.output if o],
                               initializer=[numpy_helper.from_array(v, n) for n, v in feeds.items()])
@@ -159,7 +165,7 @@ def _evaluate_node(opset_import, node, feeds: dict) -> list:
 
 def _outer_names_of(node) -> set[str]:
     """Names a node's subgraphs read from the scope the node stands in."""
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     if not any(a.HasField("g") or a.graphs for a in node.attribute):
         return set()
     return _outer_names(helper.make_graph([node], "holder", [], []))
@@ -218,7 +224,6 @@ def topological_sort(graph) -> None:
     whose output its branch reads: "... is not output of any previous nodes"); otherwise the
     order stays as it was (Kahn's algorithm, the earliest ready node first). Nodes in a cycle,
     or reading a name nothing makes, keep their order at the end for the checker to name."""
-    import heapq
     nodes = list(graph.node)
     producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     waits = [0] * len(nodes)

@@ -1,7 +1,7 @@
 """`unroll-loop` and `fold-sequences`: a Loop whose trip count and condition are known once the
 inputs are bound, as its body repeated; a sequence of known length, as the tensors it holds.
 Neither IREE nor TVM takes Loop or sequences, and a Loop's scan outputs have no static length
-until its trip count is known. Registered in pipeline/stages/rewrites.py (phase `before`, which
+until its trip count is known. Registered in static_rewrites.py (phase `before`, which
 fold.to_fixed_point runs until nothing changes: what one unrolled iteration makes constant,
 the next pass folds)."""
 from __future__ import annotations
@@ -45,7 +45,7 @@ def unroll_loops(model, facts: Facts) -> list[str]:
 
 def _unroll(graph, node, known: dict, opset_import):
     """(nodes replacing the Loop, iterations) or why it cannot be unrolled."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     body = _attrs(node)["body"]
     ins = list(node.input) + [""] * max(0, 2 - len(node.input))
     m_name, c_name, initial = ins[0], ins[1], ins[2:]
@@ -94,7 +94,7 @@ def _stacked(b: _Builder, graph, node, body, iterations: list, initial: list, op
     """The unrolled nodes: every iteration's (the last one rebuilt to write the Loop's carried
     outputs under their names), then each scan output as the Concat of the iterations' values,
     each Unsqueezed. The body's initializers are copied once, shared by all iterations."""
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     n_carried = len(initial)
     stem = node.name or node.output[0]
     for t in body.initializer:
@@ -136,15 +136,15 @@ def _shared_initializers(graph, body, prefix: str) -> dict:
 
 
 def _scalar(value, name: str):
-    import numpy as np
-    from onnx import numpy_helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     return numpy_helper.from_array(np.array(value, np.bool_ if isinstance(value, bool) else np.int64),
                                    name)
 
 
 def _unsqueezed(b: _Builder, name: str, version: int, axis: int = 0) -> str:
     """Unsqueeze at `axis`: axes an input from opset 13, an attribute before."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     if version >= 13:
         return b.op("Unsqueeze", [name, b.const(np.array([axis], np.int64), "axes")])
     return b.op("Unsqueeze", [name], axes=[axis])
@@ -153,7 +153,7 @@ def _unsqueezed(b: _Builder, name: str, version: int, axis: int = 0) -> str:
 def _value(name: str, producer: dict, known: dict, opset_import, depth: int = 0):
     """The value of `name` computed from known values by the nodes in `producer` (memoised in
     `known`), or None where it depends on anything else."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     if name in known:
         return np.asarray(known[name])
     node = producer.get(name)
@@ -182,7 +182,7 @@ def fold_sequences(model, facts: Facts) -> list[str]:
     ops: ConcatFromSequence -> Concat (Unsqueeze first when `new_axis`), SequenceAt -> Identity
     of the element, SequenceLength -> the constant. The sequence ops then have no reader left,
     and the fixed point drops them."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     graph = model.graph
     known = {**_constant_values(graph), **facts.constants}
     version = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
@@ -231,7 +231,7 @@ def _position(name: str, known: dict, length: int, default, insert: bool = False
     """A position in a sequence of `length` tensors read from `name` (a constant; negative counts
     from the back), in [0, length) or, to insert, [0, length]; `default` when `name` is empty;
     None when unknown or out of range."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     if not name:
         return default
     if name not in known:

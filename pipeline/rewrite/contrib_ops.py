@@ -1,5 +1,5 @@
 """`decompose-contrib-ops`: onnxruntime's com.microsoft ops as standard ONNX (no compiler of ours
-takes them), computing what onnxruntime computes. Registered in pipeline/stages/rewrites.py.
+takes them), computing what onnxruntime computes. Registered in static_rewrites.py.
 
 onnxruntime's arithmetic (1.32 CPU; read in its sources: contrib_ops/cpu/quantization/
 dynamic_quantize_matmul.cc and dynamic_quantize_lstm.cc, providers/cpu/rnn/uni_directional_lstm.cc
@@ -78,7 +78,7 @@ def _next_contrib(graph) -> int | None:
 def _quant_params(b: _Builder, x: str) -> tuple[str, str]:
     """(scale, zero point) of onnxruntime's dynamic uint8 quantization of tensor `x`, as float
     scalars: GetQuantizationParameter, the range widened to 0, scale 1 for an all-zero tensor."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     zero, q_max = b.const(np.array(0, np.float32), "zero"), b.const(np.array(255, np.float32), "qmax")
     low = b.op("Min", [b.op("ReduceMin", [x], keepdims=0), zero])
     span = b.op("Sub", [b.op("Max", [b.op("ReduceMax", [x], keepdims=0), zero]), low])
@@ -92,7 +92,7 @@ def _quant_params(b: _Builder, x: str) -> tuple[str, str]:
 def _centred(b: _Builder, x: str, scale: str, zp: str) -> str:
     """q - zp for q = clamp(round(x / scale) + zp, 0, 255): integers in [-255, 255], as float
     (clamping before or after rounding is the same: the bounds are integers)."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     q_max = b.const(np.array(255, np.float32), "qmax")
     rounded = b.op("Round", [b.op("Div", [x, scale])])
     return b.op("Min", [b.op("Max", [rounded, b.op("Neg", [zp])]), b.op("Sub", [q_max, zp])])
@@ -102,7 +102,7 @@ def _exact_chunks(w) -> list[tuple[int, int]]:
     """Row ranges of the centred weights [K, N] whose products with any centred activation
     (|q - zp| <= 255) sum to below 2**24 in every column, in any order: float32 sums them
     exactly. One range when the whole K fits."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     weight = 255 * np.abs(w).astype(np.int64)
     chunks, start, total = [], 0, np.zeros(w.shape[1], np.int64)
     for k in range(w.shape[0]):   # one row alone stays below: 255 * 255 * N < 2**24 per column
@@ -116,7 +116,7 @@ def _exact_chunks(w) -> list[tuple[int, int]]:
 def _integer_matmul(b: _Builder, centred: str, w) -> str:
     """sum_k centred[..., k] * w[k, n] (w: centred integer weights [K, N]) as an exact float:
     one MatMul, or int32 sums of K chunks that each stay exact in float32."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     chunks = _exact_chunks(w)
     if len(chunks) == 1:
         return b.op("MatMul", [centred, b.const(w.astype(np.float32), "w")])
@@ -144,7 +144,7 @@ def _dynamic_product(b: _Builder, x: str, w, w_scale, scale: str | None = None,
 
 def _centred_weights(inits, q: str, zero: str | None, where: str):
     """(w - w_zp) as int64 [K, N]: the zero point per tensor or per column."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     w = inits[q].astype(np.int64)
     if w.ndim != 2:
         raise NoRewrite(f"{where}: its weight {q!r} has {w.ndim} dims; only a matrix is decomposed")
@@ -153,7 +153,7 @@ def _centred_weights(inits, q: str, zero: str | None, where: str):
 
 
 def _scale_vector(inits, name: str):
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     s = inits[name].astype(np.float32).reshape(-1)
     return s if s.size > 1 else s.reshape(())
 
@@ -175,7 +175,7 @@ def _dynamic_quantize_matmul(b: _Builder, node, inits) -> None:
 def _matmul_integer_to_float(b: _Builder, node, inits) -> None:
     """onnxruntime's fusion of MatMulInteger + Cast + Mul: inputs A (int8/uint8), B, a_scale,
     b_scale, a_zero_point, b_zero_point, bias; Y = (A - a_zp)(B - b_zp) * a_scale * b_scale."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     ins = list(node.input) + [""] * (7 - len(node.input))
     where = f"MatMulIntegerToFloat {node.name or node.output[0]!r}"
     if any(i and i not in inits for i in (ins[1], ins[3], ins[5])):
@@ -243,7 +243,7 @@ def _dynamic_quantize_lstm(b: _Builder, model, node, inits, facts: Facts) -> Non
 def _shape_of(model, name: str):
     """The static dims of `name` by onnx shape inference on the model as it is now (the spec's
     input shapes bound), or None."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info):
         if vi.name == name:
@@ -263,7 +263,7 @@ def _float_lstm(b: _Builder, node, ins, inits, a) -> None:
 def _dequant_rnn(inits, q: str, scale: str, zero: str):
     """DynamicQuantizeLSTM's W [dirs, in, 4H] (R [dirs, H, 4H]) in float, transposed to the
     LSTM layout [dirs, 4H, in]; the scale is per direction, or per direction and column."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     w = inits[q].astype(np.float32)
     dirs = w.shape[0]
     s = inits[scale].astype(np.float32).reshape(dirs, 1, -1)
@@ -277,7 +277,7 @@ class _QuantizedLstm:
     L-1-s per sequence of length L when sequence_lens is given)."""
 
     def __init__(self, b: _Builder, node, ins, inits, a, x_shape):
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         self.b, self.node, self.ins, self.inits = b, node, ins, inits
         self.seq, self.batch, _ = x_shape
         self.hidden = a["hidden_size"]
@@ -297,17 +297,17 @@ class _QuantizedLstm:
 
     def _centred(self, w, zero: str, d: int):
         """w - zp of direction d: onnxruntime reads one zero point per direction (its first)."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         z = self.inits[zero].astype(np.int64).reshape(self.dirs, -1)[d, 0]
         return w.astype(np.int64) - z
 
     def _scale(self, name: str, d: int):
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         s = self.inits[name].astype(np.float32).reshape(self.dirs, -1)[d]
         return s if s.size > 1 else s.reshape(())
 
     def build(self) -> None:
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         b = self.b
         self.active, self.order = self._masks()
         scale, zp = _quant_params(b, self._x_in_range())   # one X quantization, both directions
@@ -330,7 +330,7 @@ class _QuantizedLstm:
         """(active [seq, batch, 1] bool: step s < the sequence's length, or None without
         sequence_lens; the time each sequence reads at step s of a reverse direction
         [seq, batch, 1] int64: L-1-s below L, s after it, or None without sequence_lens)."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         if not self.lens:
             return None, None
         b = self.b
@@ -345,7 +345,7 @@ class _QuantizedLstm:
     def _x_in_range(self) -> str:
         """X as onnxruntime's range sees it: the rows of the first max(sequence_lens) steps
         (the other rows as 0, which the range always holds)."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         if not self.lens:
             return self.ins[0]
         b = self.b
@@ -357,7 +357,7 @@ class _QuantizedLstm:
     def _reordered(self, values: str, width: int) -> str:
         """values [seq, batch, width] by time, read in the reverse direction's step order per
         sequence (the same permutation maps step order back to time order)."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         b = self.b
         index = b.op("Expand", [self.order, b.const(np.array([self.seq, self.batch, width], np.int64),
                                                     "shape")])
@@ -365,7 +365,7 @@ class _QuantizedLstm:
 
     def _direction(self, d: int, xw: str):
         """Y [seq, batch, H] (None when Y is not an output), the last H and C of direction d."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         b, hidden, seq = self.b, self.hidden, self.seq
         reverse = self.direction == "reverse" or d == 1
         if reverse and self.lens:

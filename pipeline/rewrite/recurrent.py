@@ -1,5 +1,5 @@
 """`unroll-recurrent`: LSTM and GRU over a static sequence as MatMul/Sigmoid/Tanh per step, where a
-compiler of ours lacks the op. Registered in pipeline/stages/rewrites.py.
+compiler of ours lacks the op. Registered in static_rewrites.py.
 
 Everything the ONNX spec defines for the two ops is unrolled, as onnxruntime (golden) computes it:
 both layouts (`layout=1`: batch first, by Transposes around the sequence-first form), `clip`
@@ -11,6 +11,8 @@ runs out). What stays refused: weights that are not constants, a sequence withou
 shape, an activation name outside the spec, more than MAX_UNROLLED_STEPS steps x directions.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 from .graph_edit import Facts, NoRewrite, _Builder, _attrs, _replace, _resolve, _text
 
@@ -135,7 +137,7 @@ class _Unrolled:
     op's own outputs (so the graph around it is unchanged)."""
 
     def __init__(self, b: _Builder, node, ins, a, inits, x_shape, opset: int):
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         self.b, self.node, self.ins, self.a, self.opset = b, node, ins, a, opset
         self.op = node.op_type
         self.layout = a.get("layout", 0)
@@ -153,21 +155,21 @@ class _Unrolled:
 
     # ------------------------------------------------------------------ small helpers
     def split(self, x, sizes: list[int]) -> list[str]:
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         if self.opset >= 13:
             return self.b.op("Split", [x, self.b.const(np.array(sizes, np.int64), "split")],
                              n_out=len(sizes), axis=1)
         return self.b.op("Split", [x], n_out=len(sizes), axis=1, split=sizes)
 
     def unsqueeze(self, x, axes: list[int]) -> str:
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         if self.opset >= 13:
             return self.b.op("Unsqueeze", [x, self.b.const(np.array(axes, np.int64), "axes")])
         return self.b.op("Unsqueeze", [x], axes=axes)
 
     def gate(self, x, func: tuple) -> str:
         """clip (when the op has it), then the activation function."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         if self.clip is not None:
             lo, hi = np.array(-self.clip, np.float32), np.array(self.clip, np.float32)
             x = (self.b.op("Clip", [x, self.b.const(lo, "clip"), self.b.const(hi, "clip")])
@@ -175,7 +177,7 @@ class _Unrolled:
         return self.activation(x, func)
 
     def activation(self, x, func: tuple) -> str:
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         name, alpha, beta = func
         f32 = np.float32
         if name == "Affine":
@@ -213,7 +215,7 @@ class _Unrolled:
     def mask(self) -> str:
         """sequence_lens [batch] as [seq, batch, 1] floats: steps at or past a length keep the
         state and emit 0."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         lens = self.b.op("Cast", [self.ins[4]], to=1)
         steps = self.b.const(np.arange(self.seq, dtype=np.float32).reshape(self.seq, 1, 1), "t")
         shape = self.b.const(np.array([1, self.batch, 1], np.int64), "shape")
@@ -221,7 +223,7 @@ class _Unrolled:
 
     def initial(self, index: int, d: int, what: str) -> str:
         """Direction d's initial state [batch, hidden]: from the op's input, else zeros."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         if not self.ins[index]:
             return self.b.const(np.zeros((self.batch, self.hidden), np.float32), what)
         state = self.ins[index]
@@ -230,7 +232,7 @@ class _Unrolled:
 
     def direction_steps(self, x, d: int, mask):
         """(the outputs of every step, the last state h, c) of direction d."""
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         reverse = self.direction == "reverse" or d == 1
         h = self.initial(5, d, "h0")
         c = self.initial(6, d, "c0") if self.op == "LSTM" else None
@@ -255,7 +257,7 @@ class _LstmCell:
     """One direction of an LSTM: gates i, o, f, c (the ONNX order), peepholes P = [i, o, f]."""
 
     def __init__(self, u: _Unrolled, d: int):
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         self.u, self.b, H = u, u.b, u.hidden
         f, g, h = u.funcs[d]
         self.f, self.g, self.h = f, g, h
@@ -274,7 +276,7 @@ class _LstmCell:
         return self.b.op("Add", [self.b.op("MatMul", [x, self.w_t]), self.bias])
 
     def step(self, x_t, h, c):
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         b, u = self.b, self.u
         pre = b.op("Add", [x_t, b.op("MatMul", [h, self.r_t])])
         i_, o_, f_, c_ = u.split(pre, [u.hidden] * 4)
@@ -298,7 +300,7 @@ class _GruCell:
     (inside it with linear_before_reset=1, after the product with R otherwise)."""
 
     def __init__(self, u: _Unrolled, d: int):
-        import numpy as np
+        import numpy as np  # numpy: 0.2 s, not needed by doit list
         self.u, self.b, H = u, u.b, u.hidden
         self.f, self.g = u.funcs[d]
         wb, rb = u.bias[d, :3 * H], u.bias[d, 3 * H:]
@@ -331,10 +333,9 @@ def sequence_first(path, folder):
     layout 0 between Transposes, written to folder/sequence_first.onnx: the spec defines the
     batch-first form as exactly that, and onnxruntime (1.32) runs only layout 0 ("Batchwise
     recurrent operations (layout == 1) are not supported"). For the golden stage's reference."""
-    from pathlib import Path
 
-    import onnx
-    from onnx import helper
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     model = onnx.load(str(path))
     nodes = []
     for node in model.graph.node:

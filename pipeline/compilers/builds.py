@@ -1,39 +1,24 @@
-"""What the stages' step builders ask of the project: which ABIs a model is built for, and where
-the files of the steps they read live.
+"""Which of a target's ABIs a model (or precision variant) is built for: the spec's skips, each
+backend's own refusals, the coverage step's verdicts, and the ship slots that build only what
+ships.
 
-Every stage module has `steps(project) -> list[Step]`; the project (pipeline/graph) holds the
-layout, the model specs, the loaded targets, the targets loaded as proxies, and the tuning farm
-settings. The questions they share are answered here, once.
+The compile, validate, choose and manifest stages (and `doit search`, `doit tune curve=1`) ask
+here. Which compiler can take a model is a fact of the `coverage` step (its coverage.json, read
+back here), not of loading: the steps after it are made once it has run (dodo.py creates them
+after `coverage`). Before that (`doit list`), every ABI of the target is listed.
 
-Which compiler can take a model is a fact of the `coverage` step (its coverage.json), not of
-loading: the steps after it are made once it has run (dodo.py creates them after `coverage`).
-Before that (`doit list`), every ABI of the target is listed.
+Kept out of stages/coverage.py, which writes the verdicts, so that the code digest of a compile
+step does not take in the coverage stage's own imports (the static stage, TVM's importer).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-from pathlib import Path
 
-from ..compilers.backends import backend_named, backend_of
-from ..core.store import atomic_write_text, canonical_json, sha256_text
-from ..spec.variants import FP16_FEATURES, full_name
-from .model_files import (ENTRY, golden_files, outputs_for, static_model,  # noqa: F401 (callers' names)
-                          variant_inputs, variant_preprocessing, variant_tools)
-
-
-def compilers(target) -> dict:
-    """compiler -> the target's ABI names built by it."""
-    out: dict = {}
-    for abi in target.abis:
-        out.setdefault(abi.compiler, []).append(abi.name)
-    return out
-
-
-# ----------------------------------------------------------------------------- coverage
-def coverage_file(layout, target_name: str, model_name: str) -> Path:
-    return layout.target_model_stage(target_name, model_name, "coverage") / "coverage.json"
-
+from ..core.layout import coverage_file
+from ..spec.tvm import budget
+from ..spec.variants import FP16_FEATURES
+from .backends import backend_named, backend_of
+from .iree_targets import vulkan_target_record
 
 _VERDICTS: dict = {}  # (path, mtime_ns, size) -> coverage.json: every stage asks, per ABI
 
@@ -117,10 +102,6 @@ def proxy_abis(project, model, backend):
             yield target, abi
 
 
-def budget(model, target) -> dict | None:
-    return model.tvm.get("tune", {}).get(target.name)
-
-
 def proxy_pairs(project):
     """(target, abi) of the proxy targets that some loaded target's slots name."""
     names = {p for t in project.targets for s in t.ship for p in s["proxies"].values()}
@@ -130,30 +111,13 @@ def proxy_pairs(project):
                 yield target, abi
 
 
-# ----------------------------------------------------------------------------- files
-
-
-def abi_step_name(model, target, abi) -> str:
-    return f"{target.name}/{model.name}/{abi.name}"
-
-
-def where(model, target, abi=None) -> dict:
-    return {"model": model.name, "target": f"{target.name}/{abi.name}" if abi else target.name}
-
-
 # ----------------------------------------------------------------------------- variants
-def variant_model(model, variant):
-    """The ModelSpec the fp32 step builders see for a variant's chain (its name, its tolerance)."""
-    return dataclasses.replace(model, name=full_name(model, variant), tolerance=variant.tolerance,
-                               variants=())
-
-
 def variant_abis(target) -> list:
     """The target's ABIs whose backend builds precision variants."""
     return [a for a in target.abis if backend_of(a).variants]
 
 
-def variant_skip_reason(model, variant, abi, memo_dir: Path | None) -> str | None:
+def variant_skip_reason(model, variant, abi, memo_dir) -> str | None:
     """The spec's skip; and for an fp16 variant, a Vulkan target without 16-bit support."""
     why = (model.skip_reason(abi.name) or variant.skip_reason(abi.name)
            or backend_of(abi).variant_skip(abi, variant))
@@ -166,26 +130,3 @@ def variant_skip_reason(model, variant, abi, memo_dir: Path | None) -> str | Non
                 f"{' / '.join(missing)} (its kernels would run fp16 graphs and return wrong "
                 f"numbers, with no error)")
     return None
-
-
-def vulkan_target_record(target: str, features: str | None, memo_dir: Path | None) -> dict:
-    """What IREE compiles for a Vulkan target (its iree_gpu.target record: device features,
-    subgroups): the recorded table (compilers/iree_targets.py); for a pair it lacks (features of
-    the user's own), a one-op probe compile, memoised per IREE version."""
-    from ..compilers.iree_targets import lookup, probe
-    from ..core.tools import distribution_version
-    version = distribution_version("iree-base-compiler")
-    recorded = lookup(target, features, version)
-    if recorded is not None:
-        return recorded
-    key = sha256_text(canonical_json({"iree": version, "target": target, "features": features,
-                                      "record": 2}))
-    memo = memo_dir / "vulkan_target_records" / f"{key}.json" if memo_dir else None
-    if memo and memo.is_file():
-        return json.loads(memo.read_text())
-    record = probe(target, features)
-    if memo:
-        atomic_write_text(memo, canonical_json(record))
-    return record
-
-

@@ -39,20 +39,25 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
+
+from ..compilers.builds import built, built_abis
 from ..compilers.iree_backend import IREE
 from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
-from ..core.layout import REPO
+from ..core.layout import REPO, golden_files, static_model
 from ..core.numerics import worst_cosine
 from ..core.steps import execute
 from ..core.store import atomic_write_text, sha256_bytes, sha256_file
 from ..core.tools import cpu_model, distribution_version, python_module_argv, run_tool
+from ..rewrite.abi_rewrites import rewritten
 from ..spec.common import display, read_yaml
 from ..spec.target import DEFAULT_CONFIG, PIN_FORMAT, known_targets, load_target, pin_path
-from . import tvm_compile, tvm_tune
-from .iree_compile import compile_step
-from .plan import budget, built, built_abis, golden_files, static_model
-from .validate import validate_step
+from ..spec.tvm import budget
+from ..stages import tvm_compile, tvm_tune
+from ..stages.choose import measure
+from ..stages.iree_compile import compile_step
+from ..stages.validate import validate_step
 
 STAGE = "search"
 WINDOW = {"warmup": 3, "rounds": 100, "seconds": 60.0}  # per model: every candidate, interleaved
@@ -230,8 +235,7 @@ class _GraphDigests:
     def of(self, rewrites) -> str:
         key = tuple(rewrites)
         if key not in self.known:
-            import onnx
-            from .abi_rewrites import rewritten
+            import onnx  # onnx: 1.5 s, not needed by doit list
             if self.model is None:
                 self.model = onnx.load(str(self.static))
             copy = onnx.ModelProto()
@@ -364,7 +368,7 @@ def _time(project, model, target, timed: list, window: dict, say) -> dict:
         f"side by side in one process ({window['rounds']} rounds at most, {window['seconds']:g} s)")
     where = {"stage": STAGE, "model": model.name, "target": target.name}
     try:
-        result = run_tool(python_module_argv("pipeline.stages.config_search", str(spec)), log=log,
+        result = run_tool(python_module_argv("pipeline.bench.config_search", str(spec)), log=log,
                           what="timing the candidates", timeout=window["seconds"] * 3 + 600,
                           on_line=lambda line: line.startswith(PROGRESS) and say(line),
                           hint="read the log: every candidate was validated, so a crash here "
@@ -434,7 +438,7 @@ def _today() -> str:
     return datetime.now(timezone.utc).date().isoformat()
 
 
-HEADER = ("# Written by `doit search target={target}` (pipeline/stages/config_search.py): per model\n"
+HEADER = ("# Written by `doit search target={target}` (pipeline/bench/config_search.py): per model\n"
           "# of this folder, the compiler configuration each ABI is built with, and the figures it\n"
           "# was chosen by. `doit build` reads it and times nothing; search again to replace it\n"
           "# (docs/configs.md). Commit it with the model.\n")
@@ -443,7 +447,6 @@ HEADER = ("# Written by `doit search target={target}` (pipeline/stages/config_se
 def write_pin(project, model, target_name: str, entry: dict) -> Path:
     """Replace the model's entry of its folder's pin for the target (the other models of the
     folder keep theirs; entries of models the folder no longer has are dropped)."""
-    import yaml
     path = pin_path(model.dir, target_name)
     ours = {m.name for m in project.models if m.dir == model.dir}
     problems: list = []
@@ -484,7 +487,6 @@ def table(model_name: str, entry: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------- the child
 def main(argv=None) -> int:
-    from .choose import measure
     args = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(args[0]).read_text())
     last = [time.perf_counter()]

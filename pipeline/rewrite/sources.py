@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 
 from ..core.tools import python_module_argv, run_tool
+from ..spec.model import read_signature as onnx_signature
 from ..spec.sources import DIRECT_TFLITE, NNEF_TOOLS_TFLITE, ROUTES, read_signature
+from . import tflite_rewrite
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -31,11 +33,11 @@ MATCH_RELATIVE, MATCH_STEPS, CHECK_SEED = 1e-2, 2, 0
 
 def _nnef_tools(args: list[str], log: Path | None) -> None:
     """Run nnef-tools' converter in a child process (it prints freely and may exit), through
-    `python -m pipeline.stages.nnef_fixes`: `nnef_tools.convert` with constant shape ops folded after
+    `python -m pipeline.rewrite.nnef_fixes`: `nnef_tools.convert` with constant shape ops folded after
     reading a TFLite file (see nnef_fixes.fold_shape_ops)."""
-    repo = str(Path(__file__).resolve().parents[2])  # --custom-converters imports pipeline.stages.nnef_fixes
+    repo = str(Path(__file__).resolve().parents[2])  # --custom-converters imports pipeline.rewrite.nnef_fixes
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
-    result = run_tool(python_module_argv("pipeline.stages.nnef_fixes", *args), log=log,
+    result = run_tool(python_module_argv("pipeline.rewrite.nnef_fixes", *args), log=log,
                       what="nnef-tools", env=env, check=False)
     if result.returncode != 0 or "cannot be converted" in result.output:
         raise ConversionError(converter_reason(result.output) or f"exit {result.returncode}")
@@ -75,21 +77,21 @@ def _via_nnef_tools(model: Path, out: Path, log: Path | None, tmp: Path) -> None
     nnef_dir = Path(tmp) / "model.nnef"
     _nnef_tools(["--input-format", "tflite", "--output-format", "nnef", "--input-model",
                  str(model), "--output-model", str(nnef_dir), "--keep-io-names",
-                 "--custom-converters", "pipeline.stages.nnef_fixes",
-                 "--custom-fragments", "pipeline.stages.nnef_fixes"], log)
+                 "--custom-converters", "pipeline.rewrite.nnef_fixes",
+                 "--custom-fragments", "pipeline.rewrite.nnef_fixes"], log)
     _nnef_to_onnx(nnef_dir, out, log)
 
 
 def _nnef_to_onnx(nnef_dir: Path, out: Path, log: Path | None) -> None:
-    from . import nnef_fixes
+    from . import nnef_fixes  # nnef-tools: 0.2 s, not needed by doit list
     _nnef_tools(["--input-format", "nnef", "--output-format", "onnx", "--input-model",
                  str(nnef_dir), "--output-model", str(out), "--keep-io-names",
-                 "--custom-converters", "pipeline.stages.nnef_fixes",
+                 "--custom-converters", "pipeline.rewrite.nnef_fixes",
                  "--decompose", *nnef_fixes.DECOMPOSE], log)
 
 
 def _via_tflite_onnx(model: Path, out: Path, log: Path | None, tmp: Path) -> None:
-    from . import tflite_onnx
+    from . import tflite_onnx  # onnx and LiteRT's schema: 1.7 s, not needed by doit list
     try:
         converted = tflite_onnx.convert(model.read_bytes(), graph_name=model.stem)
     except tflite_onnx.Unsupported as exc:
@@ -112,7 +114,6 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> dict:
         _clean_onnx(out, read_signature(source))
         return {"route": ROUTES["nnef"][0], "attempts": [{"route": ROUTES["nnef"][0], "status": "used"}],
                 "rewrites": []}
-    from . import tflite_rewrite
     data = source.read_bytes()
     try:
         rewritten, rewrites = tflite_rewrite.rewrite(data)
@@ -148,7 +149,6 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> dict:
 def _same_interface(signature: dict, converted: Path) -> None:
     """A route that changes the interface (a layout flip, a renamed output) is refused like one
     that fails: io_mismatches, the import stage's own check, on the attempt."""
-    from ..spec.model import read_signature as onnx_signature
     problems = io_mismatches(signature, onnx_signature(converted))
     if problems:
         raise ConversionError(f"the conversion's interface differs from the source's: {'; '.join(problems)}")
@@ -157,7 +157,7 @@ def _same_interface(signature: dict, converted: Path) -> None:
 def check_inputs(signature: dict, seed: int = CHECK_SEED) -> dict:
     """One seeded input per source input (dynamic dims as 1): floats uniform in 0..1, 8-bit
     integers over their whole range, other integers and booleans zero."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     rng, arrays = np.random.default_rng(seed), {}
     for i in signature["inputs"]:
         dims, dtype = [d or 1 for d in i["dims"]], np.dtype(i["dtype"])
@@ -175,8 +175,8 @@ def match_litert(source: Path, converted: Path, signature: dict) -> dict:
     """Run the conversion in onnxruntime and the source in LiteRT (tflite_run, the golden reference)
     on check_inputs; raises ConversionError if onnxruntime cannot run it or an output differs
     beyond the gate (MATCH_RELATIVE, MATCH_STEPS). Returns the figures."""
-    import numpy as np
-    import onnxruntime as ort
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    import onnxruntime as ort  # onnxruntime: 0.2 s, not needed by doit list
     arrays = check_inputs(signature)
     want = tflite_run(source, arrays)
     try:
@@ -230,7 +230,7 @@ def _restore_io_names(model, signature: dict) -> None:
 def _clean_onnx(path: Path, signature: dict) -> None:
     """nnef-tools lists every weight as a graph input too: keep only the real inputs, under the
     source's names."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     model = onnx.load(str(path))
     inits = {t.name for t in model.graph.initializer}
     real = [vi for vi in model.graph.input if vi.name not in inits]
@@ -265,8 +265,8 @@ def tflite_run(path: Path, arrays: dict) -> dict:
     inputs. A model with a custom op that tflite_rewrite knows runs with that op rewritten into
     builtins (nothing else rewritten: the reference the import stage checks its other rewrites
     against); any other model runs as it is."""
+    # LiteRT: 0.1 s, not needed by doit list
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
-    from . import tflite_rewrite
     data, _ = tflite_rewrite.rewrite(path.read_bytes(), only_custom=True)
     interp = Interpreter(model_content=data, num_threads=1,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)

@@ -26,6 +26,9 @@ The flatbuffer is edited through the object API of the schema LiteRT ships
 from __future__ import annotations
 
 import hashlib
+import struct
+
+from ..spec.sources import TFLITE_DTYPES
 
 CUSTOM_REWRITES = ("Convolution2DTransposeBias",)  # custom ops a rule below rewrites into builtins
 DENSIFY, CUSTOM, TRANSPOSE_CONV, ADD = 124, 32, 67, 0
@@ -49,7 +52,7 @@ class RewriteError(Exception):
 
 
 def _schema():
-    from ai_edge_litert import schema_py_generated as S
+    from ai_edge_litert import schema_py_generated as S  # LiteRT: 0.1 s, not needed by doit list
     return S
 
 
@@ -62,8 +65,7 @@ def _name(tensor) -> str:
 
 
 def _buffer_array(model, tensor):
-    import numpy as np
-    from ..spec.sources import TFLITE_DTYPES
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     data = model.buffers[tensor.buffer].data
     if data is None or tensor.type not in TFLITE_DTYPES:
         return None
@@ -108,7 +110,7 @@ def rewrite(data: bytes, only_custom: bool = False) -> tuple[bytes, list[dict]]:
     rules = {k: v for k, v in plan["rules"].items() if not only_custom or k in CUSTOM_REWRITES}
     if not rules:
         return data, []
-    import flatbuffers
+    import flatbuffers  # flatbuffers (with numpy): 0.15 s, not needed by doit list
     S = _schema()
     model = S.ModelT.InitFromPackedBuf(data, 0)
     if any((buf.offset or 0) > 1 for buf in model.buffers):
@@ -134,7 +136,7 @@ def densify_values(values, shape, sparsity):
     """The dense array a TFLite sparse tensor stands for (tensorflow/lite/kernels/internal/utils/
     sparsity_format_converter.cc): levels in traversal order, each DENSE (dense_size) or SPARSE_CSR
     (segments, indices); dims past the tensor's rank are blocks of block_map's dims."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     order = [int(d) for d in sparsity.traversalOrder]
     block_map = [int(d) for d in (sparsity.blockMap if sparsity.blockMap is not None else [])]
     levels = sparsity.dimMetadata
@@ -172,7 +174,7 @@ def densify_values(values, shape, sparsity):
 
 
 def _densify(model) -> list[dict]:
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     S = _schema()
     tensors_done = []
     for sub in model.subgraphs:
@@ -259,7 +261,6 @@ def _drop_ignored(model) -> list[dict]:
 def transpose_conv_bias_params(options: bytes) -> dict:
     """MediaPipe's custom options: a TfLiteTransposeConvParams {padding, stride_width,
     stride_height[, activation, ...]} as little-endian int32."""
-    import struct
     if len(options) < 12:
         raise RewriteError(f"Convolution2DTransposeBias options are {len(options)} bytes, expected a "
                            f"TfLiteTransposeConvParams (>= 12)")
@@ -283,7 +284,7 @@ def transpose_conv_bias_shape(in_hw, filter_hw, params) -> tuple[int, int]:
 def transpose_conv_bias_reference(x, w, bias, params):
     """MediaPipe's Convolution2DTransposeBias in numpy, as its Eval computes it: NHWC x, OHWI w,
     padding (SAME) half of Prepare's total, floor; scatter-add from every input pixel, then bias."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     n, h, wd, _ = x.shape
     o, kh, kw, _ = w.shape
     oh, ow = transpose_conv_bias_shape((h, wd), (kh, kw), params)
@@ -310,7 +311,7 @@ def _opcode(model, builtin: int, version: int = 1) -> int:
 
 
 def _transpose_conv_bias(model) -> list[dict]:
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     S = _schema()
     rewritten = []
     for sub in model.subgraphs:
@@ -398,6 +399,7 @@ def _drop_unused_tensors(model) -> None:
 
 # ----------------------------------------------------------------------------- checks
 def _interpreter(data: bytes, preserve: bool = False):
+    # LiteRT: 0.1 s, not needed by doit list
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
     interp = Interpreter(model_content=data, num_threads=1, experimental_preserve_all_tensors=preserve,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
@@ -408,7 +410,7 @@ def _interpreter(data: bytes, preserve: bool = False):
 def _run(interp, seed: int = 0) -> list:
     """The model's outputs, in order, on fixed random inputs (uniform 0..1, seeded), given by
     position: tensor indices differ between a model and its rewrite."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     rng = np.random.default_rng(seed)
     for d in interp.get_input_details():
         interp.set_tensor(d["index"], rng.uniform(0, 1, d["shape"]).astype(d["dtype"]))
@@ -433,7 +435,7 @@ def check(original: bytes, rewritten: bytes, rewrites: list[dict]) -> list[dict]
       the reference, bit for bit;
     - Convolution2DTransposeBias: each rewritten op's LiteRT output against a numpy reference of
       MediaPipe's definition on the very tensors LiteRT fed it."""
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     if not rewrites:
         return rewrites
     custom = any(r["ops"] in CUSTOM_REWRITES for r in rewrites)
@@ -467,7 +469,7 @@ def check(original: bytes, rewritten: bytes, rewrites: list[dict]) -> list[dict]
 
 
 def _check_transpose_conv_bias(interp, names: dict, instances: list[dict]) -> dict:
-    import numpy as np
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
     worst = 0.0
     ops = interp._get_ops_details()
     for inst in instances:

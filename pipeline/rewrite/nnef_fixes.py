@@ -1,14 +1,17 @@
-"""nnef-tools custom converters (loaded by module name: --custom-converters pipeline.stages.nnef_fixes).
+"""nnef-tools custom converters (loaded by module name: --custom-converters pipeline.rewrite.nnef_fixes).
 
 nnef-tools 1.0.11 converts TFLite PRELU without moving its alpha to the NCHW layout it moves the
 activations to: alpha [1, 1, C] against x [1, C, H, W] fails NNEF shape inference (seen on
 mediapipe face_landmark). Here alpha goes through the same `convert_binarg` as ADD's second
 operand, which transposes or reshapes it to match. The other gaps filled here are described
-where they are filled. `python -m pipeline.stages.nnef_fixes ARGS` runs `nnef_tools.convert ARGS` with
+where they are filled. `python -m pipeline.rewrite.nnef_fixes ARGS` runs `nnef_tools.convert ARGS` with
 shape-op folding added (sources.py converts through it).
 """
+import collections
+import runpy
 import sys
 
+import numpy as np
 from nnef_tools.conversion.converter import Transform
 
 CUSTOM_TRANSFORMS = {
@@ -37,7 +40,7 @@ CUSTOM_TRANSFORMS["stack"] = Transform(
 # FULLY_CONNECTED, CONCATENATION) come out as RELU, TANH, the fragment `relu6` or one of
 # ACTIVATIONS below (patched into the converter by _main); those of other ops are made ops of
 # their own, and a TANH or SIGN_BIT that LiteRT ignores is removed, in the TFLite graph before
-# (pipeline/stages/tflite_rewrite.py).
+# (tflite_rewrite.py).
 from nnef_tools.conversion.onnx_to_nnef import _DEPTH_TO_SPACE_FRAGMENT  # noqa: E402
 
 CUSTOM_FRAGMENTS = {
@@ -147,7 +150,6 @@ def _strided_slice(x, begin, end, strides, attribs):
 
 
 def _fold(op, args):
-    import numpy as np
     t = op.type
     if t == "STRIDED_SLICE" and len(args) == 4:
         return _strided_slice(args[0], args[1], args[2], args[3], op.attribs)
@@ -166,7 +168,6 @@ def _fold(op, args):
 
 def fold_shape_ops(graph) -> list[str]:
     """Evaluate integer ops with constant operands (shape arithmetic); returns the folded op types."""
-    import numpy as np
     folded = []
     changed = True
     while changed:
@@ -188,11 +189,10 @@ def fold_shape_ops(graph) -> list[str]:
 
 
 def _main(argv: list[str]) -> None:
-    """`python -m pipeline.stages.nnef_fixes ARGS`: `python -m nnef_tools.convert ARGS`, with the TFLite
+    """`python -m pipeline.rewrite.nnef_fixes ARGS`: `python -m nnef_tools.convert ARGS`, with the TFLite
     reader's optimizer followed by `fold_shape_ops` (nnef-tools has no hook for that step) and the
     fused activations of ACTIVATIONS known to the TFLite converter."""
-    import collections
-    import runpy
+    # nnef-tools: 0.2 s, what _main patches before nnef-tools runs
     from nnef_tools.optimization import tflite_optimizer
 
     original = tflite_optimizer.Optimizer.__call__
@@ -201,11 +201,12 @@ def _main(argv: list[str]) -> None:
         graph = original(self, graph, only_required=only_required)
         folded = fold_shape_ops(graph)
         if folded:
-            print(f"pipeline.stages.nnef_fixes: folded {len(folded)} constant shape op(s): "
+            print(f"pipeline.rewrite.nnef_fixes: folded {len(folded)} constant shape op(s): "
                   f"{dict(sorted(collections.Counter(folded).items()))}", flush=True)
         return graph
 
     tflite_optimizer.Optimizer.__call__ = optimize_then_fold
+    # nnef-tools: 0.2 s, what _main patches before nnef-tools runs
     from nnef_tools.conversion import tflite_to_nnef
     tflite_to_nnef.Converter._ActivationOpTypes = {**tflite_to_nnef.Converter._ActivationOpTypes,
                                                    **ACTIVATIONS}

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .graph_edit import main_opset
+
 
 def _attr(node, name, default):
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)
@@ -83,7 +85,7 @@ class _Conv:
 
 def _static_shapes(model) -> dict[str, list[int]]:
     """Every tensor of the graph whose shape ONNX shape inference knows in full."""
-    from onnx import shape_inference
+    from onnx import shape_inference  # onnx: 1.5 s, not needed by doit list
     known = shape_inference.infer_shapes(model)
     shapes = {}
     for v in list(known.graph.value_info) + list(known.graph.input) + list(known.graph.output):
@@ -96,7 +98,7 @@ def _static_shapes(model) -> dict[str, list[int]]:
 def _convs(model, keep, tag: str) -> dict[int, _Conv]:
     """The 2-D Convs the rewrites below can take, by node index: known input and output shapes,
     constant weights (and bias), known padding, and `keep(weight, group, x_shape)`."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     shapes = _static_shapes(model)
     inits = {i.name: i for i in model.graph.initializer}
     found = {}
@@ -128,8 +130,8 @@ def _zero_borders(conv: _Conv, nodes: list, const) -> str:
     tensor's name. Concat, not Pad (nor the Conv's own pads): IREE 3.13 fuses a padding into its
     producer's store and gets the offsets wrong on the Vulkan targets (the pad-fusion bug of
     docs/vulkan.md; cls's 5x5 depthwise Conv after a Div, `doit bisect`)."""
-    import numpy as np
-    from onnx import helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     pt, pl, pb, pr = conv.pads
     padded, size = conv.node.input[0], list(conv.x_shape)
     for axis, before, after in ((2, pt, pb), (3, pl, pr)):
@@ -153,8 +155,8 @@ def _pad(conv: _Conv, nodes: list, const) -> str:
     """Append one Pad (constant zeros) of conv's padding around its input; returns the padded
     tensor's name. On CPUs IREE fuses it into the consumers, where the Concat of _zero_borders
     is a copy (slow_memcpy: 13 % of ppocr_cls's time, `doit profile`)."""
-    import numpy as np
-    from onnx import helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     if not any(conv.pads):
         return conv.node.input[0]
     pt, pl, pb, pr = conv.pads
@@ -168,9 +170,9 @@ def _rewrite_convs(model, found: dict, replace, borders=_zero_borders) -> list[s
     """Replace each Conv of `found` by `replace(conv, padded_input, nodes, const)`, which
     appends the nodes that compute conv.node.output[0], its input padded by `borders`; returns
     the names of those replaced."""
-    import numpy as np
-    import onnx
-    from onnx import numpy_helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     if not found:
         return []
     nodes, consts = [], []
@@ -200,8 +202,8 @@ def depthwise_conv_as_dense(model) -> list[str]:
     borders (Concat) + an unpadded dense Conv (group 1) whose weights are zero off the
     diagonal: the same numbers, channels times the arithmetic. Returns the names of those
     rewritten."""
-    import numpy as np
-    from onnx import helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
 
     def dense(conv, padded, nodes, const):
         c = conv.weight.shape[0]
@@ -220,8 +222,8 @@ def depthwise_conv_as_dense(model) -> list[str]:
 def _taps(conv: _Conv, padded: str, nodes: list, const):
     """Per kernel tap (i, j), in row-major order: append the strided Slice of the padded input
     that the tap's weight multiplies at every output pixel, and yield ((i, j), its name)."""
-    import numpy as np
-    from onnx import helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     kh, kw = conv.weight.shape[2:]
     sh, sw = _attr(conv.node, "strides", [1, 1])
     dh, dw = _attr(conv.node, "dilations", [1, 1])
@@ -241,7 +243,7 @@ def _taps(conv: _Conv, padded: str, nodes: list, const):
 def _weighted_taps(conv: _Conv, padded: str, nodes: list, const) -> list[str]:
     """Per kernel tap its strided Slice of the padded input times the tap's per-channel weight
     (Mul), then the bias if any: the terms whose sum is the depthwise conv's output."""
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     c = conv.weight.shape[0]
     terms = []
     for (i, j), tap in _taps(conv, padded, nodes, const):
@@ -258,7 +260,7 @@ def depthwise_conv_as_slices(model, max_kernel: int | None = None, borders=_pad)
     padded with zeros (a Pad; `borders`) + one strided Slice times a per-channel weight per
     kernel tap + Sum (+ bias): the same arithmetic as the Conv, as elementwise ops. Returns the
     names of those rewritten."""
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
 
     def slices(conv, padded, nodes, const):
         nodes.append(helper.make_node("Sum", _weighted_taps(conv, padded, nodes, const),
@@ -279,9 +281,8 @@ def depthwise_conv_as_slice_chunks(model) -> list[str]:
     Conv.78: 17 ms against 1.3 ms in onnxruntime); the chunks are 4 dispatches and a reduction
     (8 ms on their own). 3x3 kernels keep the single Sum: chunked they were slower
     (face_landmark 0.72x -> 1.05x of onnxruntime). Returns the names of those rewritten."""
-    import numpy as np
-    from onnx import helper
-    from .import_model import main_opset
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
     axes_as_input = main_opset(model) >= 13  # Unsqueeze and ReduceSum take axes as an input
 
     def chunks(conv, padded, nodes, const):
@@ -316,7 +317,7 @@ def strided_conv_as_im2col(model) -> list[str]:
     (ppocr_det: the 3x3 stride-2 Conv.3 30 ms, 6.8x onnxruntime's, `doit profile`); the same
     im2col for every dense Conv costs more in copies than it saves (the flag
     --iree-global-opt-use-im2col-for-convs: 2.8x). Returns the names of those rewritten."""
-    from onnx import helper
+    from onnx import helper  # onnx: 1.5 s, not needed by doit list
 
     def im2col(conv, padded, nodes, const):
         o, c, kh, kw = conv.weight.shape
@@ -350,8 +351,8 @@ def conv_transpose_as_depth_to_space(model) -> list[str]:
     product and a shuffle. IREE 3.13 lowers the ConvTranspose as a strided convolution over
     an input dilated with zeros (ppocr_det: 22 % of its time, against 2.4 % in onnxruntime,
     `doit profile`). Returns the names of those rewritten."""
-    import numpy as np
-    from onnx import helper, numpy_helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
 
     inits = {i.name: i for i in model.graph.initializer}
     uses = {}
@@ -417,8 +418,8 @@ def nearest_resize_as_expand(model) -> list[str]:
     into a broadcast fused into the consumer where its Resize is a gather (ppocr_det: 6 Resizes).
     Modes other than those of _NEAREST_FLOOR, fractional or shrinking factors and unknown shapes
     are left alone. Returns the names of those rewritten."""
-    import numpy as np
-    from onnx import helper, numpy_helper
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
     shapes = _static_shapes(model)
     done, nodes, consts = [], [], []
     for k, node in enumerate(model.graph.node):
@@ -467,7 +468,7 @@ def rewritten(model, names) -> tuple[bytes, list[dict]]:
 
 def apply(source: Path, names: list[str], dest: Path) -> list[dict]:
     """Write `source` rewritten by `names` (in order) to `dest`; returns what each touched."""
-    import onnx
+    import onnx  # onnx: 1.5 s, not needed by doit list
     data, done = rewritten(onnx.load(str(source)), names)
     dest.write_bytes(data)
     return done

@@ -20,6 +20,8 @@ How it converts:
 from __future__ import annotations
 
 import numpy as np
+from ai_edge_litert import schema_py_generated as S
+from onnx import helper, numpy_helper
 
 OPSET = 17
 ONNX_TYPES = {0: 1, 1: 10, 2: 6, 3: 2, 4: 7, 6: 9, 7: 5, 9: 3, 10: 11}  # TFLite -> onnx.TensorProto
@@ -33,11 +35,6 @@ class Unsupported(Exception):
     """An op (or an option of it) this converter does not take: the message names both."""
 
 
-def _schema():
-    from ai_edge_litert import schema_py_generated as S
-    return S
-
-
 def convert(data: bytes, graph_name: str = "tflite"):
     """The ONNX model (onnx.ModelProto) of a TFLite flatbuffer; raises Unsupported."""
     return _Converter(data).run(graph_name)
@@ -45,7 +42,6 @@ def convert(data: bytes, graph_name: str = "tflite"):
 
 class _Converter:
     def __init__(self, data: bytes):
-        S = _schema()
         self.model = S.ModelT.InitFromPackedBuf(data, 0)
         if len(self.model.subgraphs) != 1:
             raise Unsupported(f"{len(self.model.subgraphs)} subgraphs (control flow): only one-subgraph "
@@ -67,13 +63,11 @@ class _Converter:
         return f"{hint}__{k}"
 
     def node(self, op: str, inputs, outputs=None, **attrs) -> str:
-        from onnx import helper
         outputs = outputs or [self.fresh(op.lower())]
         self.nodes.append(helper.make_node(op, list(inputs), list(outputs), **attrs))
         return outputs[0]
 
     def constant(self, array, hint: str = "const") -> str:
-        from onnx import numpy_helper
         name = self.fresh(hint)
         self.inits.append(numpy_helper.from_array(np.asarray(array), name))
         return name
@@ -110,7 +104,6 @@ class _Converter:
         return self.cache[key]
 
     def _init(self, value, name: str) -> str:
-        from onnx import numpy_helper
         self.inits.append(numpy_helper.from_array(np.array(value, order="C"), name))
         return name
 
@@ -185,7 +178,6 @@ class _Converter:
 
     # ------------------------------------------------------------------ run
     def run(self, graph_name: str):
-        from onnx import helper
         for k, op in enumerate(self.sub.operators):
             code = self.model.operatorCodes[op.opcodeIndex]
             name = self.op_names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "?")
