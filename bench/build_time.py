@@ -34,8 +34,10 @@ from bench.common import executed, temporary  # noqa: E402 (after the path is se
 from bench.overhead import outputs  # noqa: E402
 
 
-def build(models: Path, artifacts: Path, target: str, env: dict) -> tuple[float, list[str]]:
-    argv = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "build", f"target={target}",
+def build(models: Path, artifacts: Path, target: str, env: dict,
+          jobs: int | None = None) -> tuple[float, list[str]]:
+    argv = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
+            *(("-n", str(jobs)) if jobs else ()), "build", f"target={target}",
             f"models={models}", f"artifacts={artifacts}"]
     start = time.perf_counter()
     result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env)
@@ -57,6 +59,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--models", type=Path, default=REPO / "models",
                         help="models folder to copy (default: the repository's models/)")
+    parser.add_argument("--jobs", type=int, help="doit -n N (default: doit build's own, one step "
+                                                 "per core)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
 
@@ -68,12 +72,13 @@ def main(argv=None) -> int:
         env["MODELYARD_SHADER_CACHE"] = str(tmp / "shader-cache")
         print(f"build_time: target {args.target}, models "
               f"{', '.join(sorted(p.parent.name for p in models.glob('*/model.yaml')))}; "
-              f"{os.cpu_count()} cores; temporary folder {tmp}", flush=True)
+              f"{os.cpu_count()} cores, doit -n {args.jobs or os.cpu_count()}; temporary folder {tmp}",
+              flush=True)
 
         walls = {}
         for phase in ("cold", "warm shaders"):
             artifacts = tmp / f"artifacts-{phase.replace(' ', '-')}"
-            walls[phase], ran = build(models, artifacts, args.target, env)
+            walls[phase], ran = build(models, artifacts, args.target, env, args.jobs)
             print(f"\n== {phase}: {walls[phase]:.1f} s wall, {len(ran)} tasks ==", flush=True)
             print(timings(models, artifacts, args.target, env), flush=True)
 

@@ -6,9 +6,10 @@ Prints, for a copy of the models (default: the repository's models/) built into 
 temporary artifacts folder (never the user's):
   1. bare `doit --version` vs a no-op `doit build` (median of --runs runs each): the cost of
      loading dodo.py, validating the specs and asking every step whether it is up to date;
-  2. the cold build time of those models for --target (empty artifacts folder, empty store),
-     and with --jobs N (default 2) the same cold build run by `doit -n N` in another empty
-     folder: both wall times, and whether every output is byte-identical;
+  2. the cold build time of those models for --target (empty artifacts folder, empty store) with
+     `doit -n 1`, and with --jobs N (default 2; `doit build` runs one step per core unless told)
+     the same cold build run by `doit -n N` in another empty folder: both wall times, and whether
+     every output is byte-identical;
   3. the tasks re-run after a one-model spec edit (--model's first input: its last dim changes),
      next to that model's chain as the build graph predicts it: the steps whose own fingerprint
      the edit changed, and every step downstream of them. They must be equal: an extra task is
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
               f"medians of {args.runs} runs; temporary folder {tmp}")
 
         version = [doit("--version")[0] for _ in range(args.runs)]
-        cold, first = doit("build", target, models=models, artifacts=artifacts)
+        cold, first = doit("-n", "1", "build", target, models=models, artifacts=artifacts)
         noop_runs = []
         for _ in range(args.runs):
             elapsed, result = doit("build", target, models=models, artifacts=artifacts)

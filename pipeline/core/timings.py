@@ -17,57 +17,79 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 SUFFIX = ".timing.json"
 WORKED = ("ran", "failed")  # steps whose time was spent on work (not restored, not fresh)
-_children_peak_kb = 0  # the largest ru_maxrss of a tool finished inside the current meter
+_local = threading.local()  # the current thread's meter: what the tools it waited for used
+_lock = threading.Lock()
+_active: set = set()        # the meters running now (doit -n N runs steps in threads)
 
 
 def own_peak_kb() -> int:
     """The largest resident set this process has had (kB): its high-water mark."""
-    import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def note_child(usage, parent_peak_kb: int) -> None:
-    """Called by tools._stream with the rusage of each tool it waited for. Linux starts a
-    forked child's peak at the size of the process that forked it, so a peak that is not above
-    `parent_peak_kb` (our own high-water mark, which bounds our size at the fork) says nothing of
-    the tool itself and is not counted."""
-    global _children_peak_kb
-    if usage.ru_maxrss > parent_peak_kb:
-        _children_peak_kb = max(_children_peak_kb, int(usage.ru_maxrss))
+def note_child(usage, parent_peak_kb: int) -> float:
+    """Called by tools._stream with the rusage of each tool it waited for; returns the tool's
+    CPU seconds (user + system, its own waited-for children included), which count towards the
+    meter of the calling thread. Linux starts a forked child's peak at the size of the process
+    that forked it, so a peak that is not above `parent_peak_kb` (our own high-water mark, which
+    bounds our size at the fork) says nothing of the tool itself and is not counted."""
+    cpu = usage.ru_utime + usage.ru_stime
+    measured = getattr(_local, "measured", None)
+    if measured is not None:
+        measured.tools_cpu_s += cpu
+        if usage.ru_maxrss > parent_peak_kb:
+            _local.peak_kb = max(_local.peak_kb, int(usage.ru_maxrss))
+    return cpu
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: meters running now are kept in a set
 class Measured:
     wall_s: float = 0.0
-    cpu_s: float = 0.0            # this process, user + system
+    cpu_s: float = 0.0            # this process, user + system (this thread's alone when other
+                                  # steps ran beside it: doit -n N)
     tools_cpu_s: float = 0.0      # the tools it waited for (and their children), user + system
     tools_peak_rss_mb: float | None = None  # None: no tool ran
+    overlapped: bool = False      # another step ran in this process meanwhile
 
 
 @contextlib.contextmanager
 def meter():
-    """Measure the body: yields a Measured filled in when the body ends (also on failure)."""
-    global _children_peak_kb
-    saved, _children_peak_kb = _children_peak_kb, 0
-    start, t0 = time.perf_counter(), os.times()
+    """Measure the body, in the calling thread: yields a Measured filled in when the body ends
+    (also on failure). The tools' CPU and peak are those of the tools this thread waited for.
+    This process's own CPU is the whole process's while the body ran alone, else only the
+    calling thread's (onnxruntime's own threads are then not counted)."""
     result = Measured()
+    saved = getattr(_local, "measured", None), getattr(_local, "peak_kb", 0)
+    _local.measured, _local.peak_kb = result, 0
+    with _lock:
+        if _active:
+            result.overlapped = True
+            for other in _active:
+                other.overlapped = True
+        _active.add(result)
+    start, t0, own0 = time.perf_counter(), os.times(), time.thread_time()
     try:
         yield result
     finally:
         t1 = os.times()
+        with _lock:
+            _active.discard(result)
         result.wall_s = time.perf_counter() - start
-        result.cpu_s = (t1.user - t0.user) + (t1.system - t0.system)
-        result.tools_cpu_s = (t1.children_user - t0.children_user) + \
-            (t1.children_system - t0.children_system)
-        if _children_peak_kb:
-            result.tools_peak_rss_mb = round(_children_peak_kb / 1024, 1)
-        _children_peak_kb = max(saved, _children_peak_kb)
+        result.cpu_s = (time.thread_time() - own0 if result.overlapped
+                        else (t1.user - t0.user) + (t1.system - t0.system))
+        if _local.peak_kb:
+            result.tools_peak_rss_mb = round(_local.peak_kb / 1024, 1)
+        _local.measured, _local.peak_kb = saved[0], max(saved[1], _local.peak_kb)
+        if saved[0] is not None:  # a meter inside a meter: its tools count for the outer one too
+            saved[0].tools_cpu_s += result.tools_cpu_s
 
 
 def record_path(log: Path) -> Path:
@@ -81,6 +103,8 @@ def write(log: Path, stage: str, name: str, how: str, measured: Measured) -> Non
     doc = {"stage": stage, "name": name, "how": how, "wall_s": round(measured.wall_s, 3),
            "cpu_s": round(measured.cpu_s, 3), "tools_cpu_s": round(measured.tools_cpu_s, 3),
            "tools_peak_rss_mb": measured.tools_peak_rss_mb, "finished": round(time.time(), 3)}
+    if measured.overlapped:  # cpu_s is then this step's thread alone (see meter)
+        doc["overlapped"] = True
     path = record_path(log)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import glob
 import importlib.metadata
+import json
 import os
 import shlex
 import shutil
@@ -80,7 +81,6 @@ def versions(*names: str) -> dict[str, str]:
 
 def vulkan_driver_fingerprint(driver: str) -> str:
     """The sha256 of the driver library a Mesa ICD manifest points at (memoised)."""
-    import json
     icd = icd_file(driver)
     if icd is None:
         return "missing"
@@ -134,16 +134,17 @@ def run_tool(argv: list, *, log: Path | None, what: str, stage: str | None = Non
     with open(log if log is not None else os.devnull, "a") as out:
         out.write(f"$ {shlex.join(argv)}\n")
         out.flush()
+        start = time.monotonic()
         try:
             with _heartbeat(progress, what):
-                rc, output, timed_out = _stream(argv, out, cwd, env, timeout, on_line)
+                rc, output, timed_out, cpu = _stream(argv, out, cwd, env, timeout, on_line)
         except OSError as exc:  # exists, but cannot be executed
             raise PipelineError(f"{what}: cannot start {argv[0]!r}: {exc}", hint=SETUP_HINT,
                                 **where) from None
         if timed_out:
             output += f"\n(timed out after {timeout} s)"
             out.write(f"\n(timed out after {timeout} s)")
-        out.write(f"\n[exit code {rc}]\n\n")
+        out.write(f"\n[exit code {rc}, {time.monotonic() - start:.1f} s wall, {cpu:.1f} s CPU]\n\n")
     run = ToolRun(argv, rc, output, log, timed_out)
     if check and rc != 0:
         raise PipelineError(f"{what} failed ({describe_exit(rc)}):\n{tail(output)}", hint=hint,
@@ -177,7 +178,8 @@ def _heartbeat(name: str | None, what: str):
 def _stream(argv: list[str], out, cwd, env, timeout, on_line) -> tuple[int, str, bool]:
     """Run the child in a process group of its own, copying each output line to `out` (and to
     `on_line`) as it comes; the whole group is killed on timeout or on an exception here
-    (Ctrl-C): a compiler's own children do not outlive it. Returns (exit code, output, timed out)."""
+    (Ctrl-C): a compiler's own children do not outlive it. Returns (exit code, output, timed out,
+    the child's CPU seconds)."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", process_group=0)
@@ -206,7 +208,7 @@ def _stream(argv: list[str], out, cwd, env, timeout, on_line) -> tuple[int, str,
                 on_line(line.rstrip("\n"))
         _, status, usage = os.wait4(proc.pid, 0)  # wait() with the child's rusage (peak memory)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
-        note_child(usage, own_peak_kb())
+        cpu = note_child(usage, own_peak_kb())
     except BaseException:
         kill()
         proc.wait()
@@ -215,7 +217,7 @@ def _stream(argv: list[str], out, cwd, env, timeout, on_line) -> tuple[int, str,
         if timer:
             timer.cancel()
         proc.stdout.close()
-    return (-signal.SIGKILL if expired.is_set() else rc), "".join(lines), expired.is_set()
+    return (-signal.SIGKILL if expired.is_set() else rc), "".join(lines), expired.is_set(), cpu
 
 
 def start_service(argv: list, *, log: Path | None, env: dict | None = None) -> subprocess.Popen:

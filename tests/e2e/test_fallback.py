@@ -12,8 +12,10 @@ in the real targets, this flag stands in for it here.
 from __future__ import annotations
 
 import json
+import subprocess
 
-from conftest import add_tiny_model
+from conftest import add_tiny_model, require, sha256
+from pipeline.compilers.iree_compiler import find_compiler, import_argv
 from pipeline.spec.target import load_target
 
 BREAKS = "--iree-preprocessing-pass-pipeline=builtin.module(util.func(iree-preprocessing-pad-linalg-ops{pad-size=0}))"
@@ -99,3 +101,55 @@ def test_a_fallback_that_changes_nothing_is_never_tried(tmp_path):
         assert "abis.cpu-x86_64.fallbacks[0]: give drop or add (flags to leave out or add)" in str(err)
     else:
         raise AssertionError("a fallback with neither drop nor add was accepted")
+
+
+def test_a_twin_is_built_with_the_flags_that_compiled_its_shipped_artifact(workspace):
+    """A Vulkan ABI validated through a twin, with a workaround flag that breaks the build (as
+    rk3588's pad-fusion does on ppocr_det): the shipped build
+    falls back; its twin tries only the flag set that compiled the shipped artifact (no second
+    failed attempt) and says so. Vulkan builds run iree-compile in two phases (to the executable
+    sources, whose target records give `requires`, then on to the .vmfb): the shipped bytes are
+    those of one single iree-compile run with the recorded flags."""
+    from pipeline.run import vulkan
+    devices, why = vulkan.query_devices(vulkan.driver_env("lavapipe"))
+    require(bool(devices), f"lavapipe missing: {why}")
+    add_tiny_model(workspace.models, "tiny", dynamic_batch=False)
+    folder = workspace.root / "targets"
+    folder.mkdir(parents=True)
+    (folder / "gpu.yaml").write_text(f"""description: a Mali-like GPU, validated through a twin
+abis:
+  vk:
+    compiler: iree
+    backend: vulkan-spirv
+    vulkan_target: valhall3
+    flags: []
+    workarounds:      # as rk3588's pad-fusion: a workaround's flag that breaks some models
+      - name: breaks
+        flags: {json.dumps([BREAKS])}
+        why: stands in for a compiler-bug workaround
+    fallbacks:
+      - drop: {json.dumps([BREAKS])}
+        why: "IREE 3.13 pad-linalg-ops with pad-size 0 breaks Gemm"
+    run: {{via: twin, twin: llvmpipe, driver: lavapipe}}
+""")
+    workspace.build("target=gpu", f"targets={folder}")
+    root = workspace.artifacts / "gpu/tiny/vk"
+    shipped = json.loads((root / "iree_compile/compile.json").read_text())
+    twin = json.loads((root / "twin_compile/compile.json").read_text())
+    assert [a["status"] for a in shipped["attempts"]] == ["failed", "ok"]
+    assert twin["attempts"] == [{"flags": [], "status": "ok"}] and "shipped" in twin["flags_from"]
+    assert twin["fallback"]["drop"] == [BREAKS] and "shipped artifact" in twin["fallback"]["after"]
+    assert BREAKS not in shipped["flags"] and BREAKS not in twin["flags"]
+    assert twin["workarounds"][0]["flags_used"] is False
+    assert shipped["requires"]["vulkan"]["subgroup_size"] == [16]
+    assert twin["requires"]["vulkan"]["subgroup_size"] == [8]
+    manifest = json.loads((workspace.artifacts / "gpu/manifest.json").read_text())
+    assert manifest["models"]["tiny"]["artifacts"]["vk"]["validation"]["status"] == "twin-passed"
+    # the same bytes as one iree-compile run of the imported model with the recorded flags
+    once = workspace.root / "once"
+    once.mkdir()
+    static = workspace.artifacts / "models/tiny/static/model.onnx"
+    subprocess.run(import_argv(static, once / "model.mlir"), check=True, capture_output=True)
+    subprocess.run([find_compiler(), "model.mlir", *shipped["flags"], "-o", "once.vmfb"], cwd=once,
+                   check=True, capture_output=True)
+    assert sha256(once / "once.vmfb") == sha256(root / "iree_compile/model.vmfb")
