@@ -15,11 +15,13 @@ A failed step removes its outputs: nothing stale stays behind under its name.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -201,6 +203,59 @@ def is_done(step: Step, key: str) -> bool:
 _RERUN: set[str] = set()
 
 
+class _Gate:
+    """doit runs steps side by side in threads of this process (one per core); a part of a step
+    that needs the machine to itself (lavapipe compiling kernels: stages/validate.py) waits until
+    the steps running beside it have finished, and no other step starts meanwhile."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0       # steps running (each holds the gate shared)
+        self._alone = False     # a step part running alone
+        self._waiting = 0       # step parts waiting to run alone: no new step starts meanwhile
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._alone and not self._waiting)
+            self._readers += 1
+        self._local.shared = getattr(self._local, "shared", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.shared -= 1
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        held = getattr(self._local, "shared", 0)
+        with self._cond:
+            self._readers -= held  # this thread's own step does not wait for itself
+            self._waiting += 1
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._alone and self._readers == 0)
+            self._waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._readers += held
+                self._cond.notify_all()
+
+
+GATE = _Gate()
+
+
+def alone():
+    """A context in which the calling step runs with no other step beside it (see _Gate)."""
+    return GATE.alone()
+
+
 def rerun_stages(stages) -> None:
     """Run the steps of these stages here, whatever the outputs on disk or in a cache say
     (`revalidate=1` gives {"validate"}: validation results pulled from a shared cache are
@@ -214,7 +269,7 @@ def execute(step: Step) -> str:
     took is written beside its log (core/timings.py), outside the key and the store."""
     how = "failed"
     try:
-        with meter() as measured:
+        with GATE.shared(), meter() as measured:
             how = _execute(step)
     finally:  # the meter has filled `measured` in once its block is left
         write_timing(step.log, step.stage, step.name, how, measured)

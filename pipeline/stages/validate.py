@@ -10,6 +10,7 @@ A mismatch fails the step and leaves no validation.json behind.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from ..compilers.backends import BY_NAME, backend_named, backend_of
 from ..compilers.builds import built, proxy_pairs, skipped, variant_abis, variant_skip_reason
 from ..core.layout import golden_files
 from ..core.numerics import compare, describe_failures, summary, tolerance_problems
-from ..core.steps import StageConfig, Step, abi_step_name, key_value, where
+from ..core.steps import StageConfig, Step, abi_step_name, alone, key_value, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import run_tool
 from ..run import shader_packs
@@ -30,6 +31,10 @@ from . import golden
 VERSION = 1
 OUTPUTS = ("validation.json",)
 VIAS = ("python", "qemu", "vulkan", "twin", "simulator")
+# A lavapipe run has the machine to itself (doit runs steps side by side in threads): one run
+# keeps about two cores busy (LLVM compiling the kernels in one thread, IREE's threads polling
+# lavapipe's semaphores in others), and beside other steps it slowed down more than they gained:
+# face_landmark's baseline took 428 s beside ppocr_det's, 115 s alone (2 cores).
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,10 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    with shader_packs.mesa_cache(ctx.step.layout, Path(executable), ctx.cfg.run, ctx.scratch,
-                                 log=ctx.log) as shader_cache:  # warm when a pack is stored
+    software = ctx.cfg.run.get("via") in ("vulkan", "twin") and ctx.cfg.run.get("driver") == "lavapipe"
+    with (alone() if software else contextlib.nullcontext()), \
+            shader_packs.mesa_cache(ctx.step.layout, Path(executable), ctx.cfg.run, ctx.scratch,
+                                    log=ctx.log) as shader_cache:  # warm when a pack is stored
         argv, executed, env = runner_argv(ctx.cfg, executable, inputs, outputs, where,
                                           shader_cache=shader_cache)
         run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
