@@ -26,7 +26,6 @@ bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PC
 tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1|model
 curve=1 [points=0,25,50,100 rounds=N seconds=S warmup=N threads=N] (trials vs latency).
 """
-import os
 import sys
 import threading
 import time
@@ -90,9 +89,10 @@ DOIT_CONFIG = {
     "dep_file": str(PROJECT.layout.doit_db),
     "backend": "sqlite3",
     "action_string_formatting": "new",
-    # Steps run side by side, one per core, in threads of this process (each step mostly waits on
-    # its tool, a child process): `-n 1` runs them one at a time. executor=dask sets its own.
-    "num_process": os.cpu_count() or 1,
+    # `-n N` runs N steps side by side, in threads of this process (each mostly waits on its
+    # tool; a lavapipe validation waits to run alone: core/steps.py). One at a time by default:
+    # measured on the 2-core machine, rk3588's cold build took 1,289 s with -n 2 against 913 s
+    # (docs/measurements/2026-12-02-build-time.md). executor=dask sets its own.
     "par_type": "thread",
 }
 

@@ -59,8 +59,7 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--models", type=Path, default=REPO / "models",
                         help="models folder to copy (default: the repository's models/)")
-    parser.add_argument("--jobs", type=int, help="doit -n N (default: doit build's own, one step "
-                                                 "per core)")
+    parser.add_argument("--jobs", type=int, help="doit -n N (default 1, doit build's own)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
 
@@ -72,7 +71,7 @@ def main(argv=None) -> int:
         env["MODELYARD_SHADER_CACHE"] = str(tmp / "shader-cache")
         print(f"build_time: target {args.target}, models "
               f"{', '.join(sorted(p.parent.name for p in models.glob('*/model.yaml')))}; "
-              f"{os.cpu_count()} cores, doit -n {args.jobs or os.cpu_count()}; temporary folder {tmp}",
+              f"{os.cpu_count()} cores, doit -n {args.jobs or 1}; temporary folder {tmp}",
               flush=True)
 
         walls = {}
