@@ -91,8 +91,9 @@ DOIT_CONFIG = {
     "action_string_formatting": "new",
     # `-n N` runs N steps side by side, in threads of this process (each mostly waits on its
     # tool; a lavapipe validation waits to run alone: core/steps.py). One at a time by default:
-    # measured on the 2-core machine, rk3588's cold build took 1,289 s with -n 2 against 913 s
-    # (docs/measurements/2026-12-02-build-time.md). executor=dask sets its own.
+    # on the 2-core machine rk3588's cold build at -n 2 was not faster (1,289 s, of which 953 s
+    # the lavapipe runs, each alone; the rest as at -n 1: docs/measurements/2026-12-02-build-time.md).
+    # executor=dask sets its own.
     "par_type": "thread",
 }
 
