@@ -95,7 +95,7 @@ def prepare(args) -> int:
         subprocess.run([find_compiler(), str(mlir), *argv, "-o", str(out / name)], check=True)
     mlir.unlink()
     # the reference must be right: the CPU build against onnxruntime, here
-    from pipeline.run.app import load_module, to_host
+    from pipeline.run.iree_load import load_module, to_host
     session = ort.InferenceSession(str(out / "probe.onnx"), providers=["CPUExecutionProvider"])
     expected = session.run(None, {i.name: a for i, a in zip(session.get_inputs(), arrays)})
     entry = ENTRY
@@ -116,7 +116,7 @@ def run(args) -> int:
     root = Path(args.dir).resolve()
     sys.path.insert(0, str(REPO))
     import numpy as np
-    from pipeline.run.app import load_module, to_host
+    from pipeline.run.iree_load import load_module, to_host
     meta = json.loads((root / "probe.json").read_text())
     arrays = [np.load(root / f"input_{i}.npy") for i in range(meta["inputs"])]
     results = {}

@@ -15,7 +15,7 @@ Two halves, because the GPU machine has no IREE compiler and no repo build:
     device (pipeline.vulkan.meets: never runs what would compute wrong numbers), runs it, compares
     with golden (max abs, cosine) and times p50/p90 over the iterations (invoke + readback).
 
-The prepared folder carries a copy of the `pipeline` package (the runner needs pipeline.run.app,
+The prepared folder carries a copy of the `pipeline` package (the runner needs pipeline.run.iree_load,
 pipeline.run.vulkan and pipeline.core.numerics; nothing of it imports a compiler). An ABI's
 workarounds apply as in the build: its flags through compile_flags, its graph rewrites
 (pipeline/rewrite/abi_rewrites.py) on the static model before import.
@@ -126,7 +126,7 @@ def run(args) -> int:
     import numpy as np
     from pipeline.run import vulkan
     from pipeline.core.numerics import compare, summary
-    from pipeline.run.app import load_module, to_host
+    from pipeline.run.iree_load import load_module, to_host
 
     env = vulkan.driver_env(None)
     devices, why = vulkan.query_devices(env)

@@ -3,6 +3,11 @@ stages, the runners and the commands ask about it. One module per backend (iree_
 tvm_backend.py, rknn_backend.py) exports one `Backend`; the table of them is backends.py (`BACKENDS`, shown beside
 the stages by pipeline/graph). Callers ask the object (`backend_of(abi).format`); no code outside
 a backend's own module compares its name (tests/unit/test_architecture.py checks it).
+
+A backend's compile stage (pipeline/stages/<compile_stage>.py) writes, per ABI, the artifact and
+a compile.json holding at least `entry` (the entry point the manifest records); its own fields
+reach the manifest through `compile_fields` and `requires`. What a new backend is, shown:
+tests/e2e/test_fourth_backend.py (tests/fixtures/fourth_backend/).
 """
 from __future__ import annotations
 
@@ -18,8 +23,11 @@ class Backend:
     name: str                   # the `compiler:` its ABIs give in a target YAML
     format: str                 # the manifest's `format` of its artifacts
     artifact: str               # the artifact's file name in its compile step's folder
-    compile_stage: str          # the stage that makes the artifact (a row of graph/stages.py)
+    compile_stage: str          # the stage that makes the artifact: pipeline/stages/<compile_stage>.py
     tune_stage: str | None      # a stage before it that tunes, when a model has a budget
+    # graph/stages.py makes a row of STAGES of each (tune first): (stage name, `doit list`'s line)
+    stage_docs: tuple
+    made_by: str                # the distribution whose compiler makes its artifacts (the SBOM)
     abi_schema: tuple           # the spec documents of its ABIs (in spec/target.py's `Abi` union)
     variants: bool              # builds precision variants (int8, fp16) of a model
     configs: bool               # its ABIs declare `configs:` that `doit search` builds and times
@@ -38,6 +46,7 @@ class Backend:
     #   timer(artifact, entry, device, threads) -> a run/timing.py runner
     timer: Callable[[Path, str, str, int], object]
     runner_key: Callable[[str], str]   # the device an artifact was validated on -> bench's RUNNERS key
+    app: object                 # the app-side loader of its artifacts: why_not / choice / load (see pipeline/app/)
     # Optional answers (the defaults fit IREE and TVM):
     #   validation_tolerance(abi, precision) -> (the tolerance vs golden, where it is declared),
     #   or None: the model's or variant's own; validation_inputs(compiled folder, outputs) -> more
@@ -47,6 +56,10 @@ class Backend:
     validation_inputs: Callable[[Path, int], dict] = lambda compiled, n_outputs: {}
     variant_skip: Callable = lambda abi, variant: None
     timeable: bool = True       # its artifacts can be timed on this machine (bench, search, choose)
+    vias: tuple = ("python", "qemu")   # the `run.via`s its ABIs may give (validate's runners)
+    # The coverage step's basis for it when it has no op table there (stages/coverage.py): its
+    # own build is then the check.
+    coverage_basis: str = "no op table: the backend's own build is the check"
     # A release's `requires` of an artifact (a manifest entry): the runtime the board needs.
     release_runtime: Callable[[dict], dict] = lambda art: {}
 

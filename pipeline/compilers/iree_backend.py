@@ -12,6 +12,7 @@ from ..core.errors import PipelineError
 from ..core.tools import (SETUP_HINT, aarch64_runtime, distribution_version, python_module_argv,
                           qemu_argv)
 from ..run import iree_run, vulkan
+from ..run.iree_load import IreeLoader
 from ..run.timing import IreeCpuRunner
 from ..spec.target import CpuAbiDoc, VulkanAbiDoc
 from .backend import Backend
@@ -89,6 +90,8 @@ def release_runtime(art: dict) -> dict:
 
 IREE = Backend(
     name=NAME, format=FORMAT, artifact=ARTIFACT, compile_stage="iree_compile", tune_stage=None,
+    stage_docs=(("iree_compile", "compile the static model with IREE for each target ABI"),),
+    made_by="iree-base-compiler", vias=("python", "qemu", "vulkan", "twin"),
     abi_schema=(CpuAbiDoc, VulkanAbiDoc), variants=True, configs=True,
     compile_fields=compile_fields, requires=requires,
     runner=runner_argv, validation_tools=validation_tools, what="artifact",
@@ -96,4 +99,5 @@ IREE = Backend(
              "device than the one running it",
     wrong_hint="the compiled artifact is numerically wrong for this tolerance: try without "
                "the ABI's optional flags, or report it to IREE",
+    app=IreeLoader(),
     timer=IreeCpuRunner, runner_key=lambda device: device, release_runtime=release_runtime)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..core.tools import python_module_argv, rknn_toolkit
 from ..run import rknn_run
+from ..run.rknn_load import RknnLoader
 from ..spec.npu import NpuAbiDoc
 from .backend import Backend
 
@@ -99,6 +100,10 @@ def _no_timer(artifact, entry, device, threads):
 
 RKNN = Backend(
     name=NAME, format=FORMAT, artifact=ARTIFACT, compile_stage="rknn_compile", tune_stage=None,
+    stage_docs=(("rknn_compile", "build the static model with RKNN-Toolkit2 for each NPU ABI, simulated"),),
+    made_by="rknn-toolkit2", vias=("simulator",),
+    coverage_basis="no op table: RKNN-Toolkit2's own build is the check; the CPU fallbacks and "
+                   "unsupported ops it reports are in its compile.json and the manifest's coverage",
     abi_schema=(NpuAbiDoc,), variants=True, configs=False,
     compile_fields=compile_fields, requires=requires,
     runner=runner_argv, validation_tools=validation_tools, what="NPU artifact (simulated)",
@@ -107,6 +112,7 @@ RKNN = Backend(
     wrong_hint="the NPU build is numerically off for the ABI's tolerance of its precision: read "
                "the toolkit's messages in compile.json (CPU fallbacks), loosen the ABI's "
                "tolerance only with a task metric to back it, or skip the ABI for this model",
+    app=RknnLoader(),
     timer=_no_timer, runner_key=lambda device: f"rknn:{device}",
     validation_tolerance=validation_tolerance, validation_inputs=validation_inputs,
     variant_skip=variant_skip, timeable=False, release_runtime=release_runtime)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..core.tools import aarch64_tvm, distribution_version, qemu_aarch64
 from ..run.timing import TvmCpuRunner
+from ..run.tvm_load import TvmLoader
 from ..run.tvm_run import FORMAT, RUNNER
 from ..spec.tvm import TvmAbiDoc
 from .backend import Backend
@@ -72,10 +73,14 @@ def release_runtime(art: dict) -> dict:
 
 TVM = Backend(
     name=NAME, format=FORMAT, artifact=ARTIFACT, compile_stage="tvm_compile", tune_stage="tvm_tune",
+    stage_docs=(("tvm_tune", "apply a model's MetaSchedule database (pinned or tuned by `doit tune`)"),
+                ("tvm_compile", "compile the static model with TVM (Relax) for each TVM ABI")),
+    made_by="apache-tvm",
     abi_schema=(TvmAbiDoc,), variants=False, configs=False,
     compile_fields=compile_fields, requires=requires,
     runner=runner_argv, validation_tools=validation_tools, what="TVM artifact",
     run_hint="read the log; SIGILL means the artifact uses CPU features the executing CPU lacks",
     wrong_hint="the TVM artifact is numerically wrong for this tolerance: compare with the "
                "untuned build (tuning budget 0), or report it to TVM",
+    app=TvmLoader(),
     timer=TvmCpuRunner, runner_key=lambda device: f"tvm:{device}", release_runtime=release_runtime)

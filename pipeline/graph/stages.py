@@ -13,18 +13,20 @@ Every stage module (pipeline/stages/<module>.py) has the same small interface:
 A stage marked `after_coverage` reads the coverage step's verdicts to decide which ABIs a model
 is built for: dodo.py creates its tasks once the `coverage` tasks have run.
 
-BACKENDS (pipeline/compilers/backends.py, shown here beside the stages) are the compilers a
-target's ABIs name: each makes its artifacts in its own stages (`compile_stage`, `tune_stage`),
-which are rows of STAGES; the stages they share (validate, choose, manifest) ask the backend.
+BACKENDS (pipeline/compilers/backends.py) are the compilers a target's ABIs name: each makes its
+artifacts in its own stages (`compile_stage`, `tune_stage`, pipeline/stages/<name>.py), which
+STAGES takes from the backend's row (backend_stages), so a new backend adds no row here; the
+stages they share (coverage, validate, choose, manifest) ask the backend.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from ..compilers.backends import BACKENDS  # noqa: F401 (the table of backends, beside STAGES)
-from ..stages import (accuracy, choose, coverage, golden, import_model, iree_compile, manifest,
-                      quantize, rknn_compile, runtime, static, tvm_compile, tvm_tune, validate)
+from ..compilers.backends import BACKENDS
+from ..stages import (accuracy, choose, coverage, golden, import_model, manifest, quantize, runtime,
+                      static, validate)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,14 @@ class Stage:
                              # commands that need it (`runtime`: `doit release`)
 
 
+def backend_stages() -> list[Stage]:
+    """The stages of each backend, in the table's order (its tune stage before its compile
+    stage): pipeline/stages/<name>.py each, after coverage, named by the backend's row."""
+    return [Stage(name, importlib.import_module(f"..stages.{name}", __package__),
+                  dict(b.stage_docs)[name], after_coverage=True)
+            for b in BACKENDS for name in (b.tune_stage, b.compile_stage) if name]
+
+
 STAGES = (
     Stage("import", import_model, "check the source model (onnx.checker) and normalise its opset"),
     Stage("golden", golden, "onnxruntime CPU outputs on each model's fixed test inputs"),
@@ -44,10 +54,7 @@ STAGES = (
     Stage("quantize", quantize, "precision variants: int8 (QDQ, calibrated) or fp16 models from the static model"),
     Stage("accuracy", accuracy, "precision variants' gates vs fp32 (`doit accuracy` prints them)"),
     Stage("coverage", coverage, "which ops of each model each compiler of the target cannot take"),
-    Stage("iree_compile", iree_compile, "compile the static model with IREE for each target ABI", True),
-    Stage("tvm_tune", tvm_tune, "apply a model's MetaSchedule database (pinned or tuned by `doit tune`)", True),
-    Stage("tvm_compile", tvm_compile, "compile the static model with TVM (Relax) for each TVM ABI", True),
-    Stage("rknn_compile", rknn_compile, "build the static model with RKNN-Toolkit2 for each NPU ABI, simulated", True),
+    *backend_stages(),
     Stage("validate", validate, "run each artifact (natively or under qemu-user) and compare with golden", True),
     Stage("choose", choose, "which compiler's artifact ships per slot of the target", True),
     Stage("manifest", manifest, "write artifacts/<target>/manifest.json listing each artifact with its sha256", True),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from packageurl import PackageURL
 
+from ..compilers.backends import BACKENDS
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import distribution_version
 
@@ -49,7 +50,7 @@ def builder_versions() -> dict:
 # Tools whose licence a user must know of: RKNN-Toolkit2 has no licence file in its wheel; upstream's
 # is the proprietary RKNN SDK License (development and testing for Rockchip products; docs/npu.md).
 LICENSES = {"rknn-toolkit2": "LicenseRef-RKNN-SDK-License (proprietary, Rockchip)"}
-MADE_BY = {".so": "apache-tvm", ".rknn": "rknn-toolkit2"}   # an artifact's suffix -> its compiler
+MADE_BY = {Path(b.artifact).suffix: b.made_by for b in BACKENDS}  # an artifact's suffix -> its compiler
 
 
 def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch: int,
@@ -122,7 +123,7 @@ def sbom(release: dict, models: list, artifacts: list[dict], tools: dict, epoch:
         if art["model"] is None:  # the C runtime: built from the vendored sources
             bom.register_dependency(component, vendored)
             continue
-        made_by = MADE_BY.get(Path(art["path"]).suffix, "iree-base-compiler")
+        made_by = MADE_BY[Path(art["path"]).suffix]
         compiler = [toolchain[made_by]] if made_by in toolchain else []
         bom.register_dependency(component, [components[art["model"]], *compiler])
     return pretty_json(json.loads(JsonV1Dot6(bom).output_as_string()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.run.app import to_host
+from pipeline.run.iree_load import to_host
 
 
 FORMAT = "iree-vmfb"   # what this runtime loads: the manifest's `format` of IREE's artifacts

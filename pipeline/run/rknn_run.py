@@ -1,15 +1,14 @@
-"""RKNN artifacts (`.rknn`, Rockchip's NPU format) on the app side and in validation.
+"""Validation's runner of RKNN artifacts (`.rknn`, Rockchip's NPU format): the simulator's outputs.
 
-Two things run here, never the board's NPU itself:
-  * `python -m pipeline.run.rknn_run --artifact model.rknn --compile-json compile.json
-    --input x.npy ... --output y.npy ...`: validation's runner. RKNN-Toolkit2's simulator runs
-    only a model built in the same process, so the compile step (pipeline/stages/rknn_compile.py)
-    built, simulated on the golden inputs and exported in one child process. This hands those
-    simulated outputs to validation after checking that they belong to these very bytes and
-    inputs: the artifact's sha256 is the one the simulated model was exported as, and each input
-    is the file it was simulated on. Anything else is an error, never a silent pass.
-  * `npu_devices()` / `why_no_npu()`: whether this machine has a Rockchip NPU the board runtime
-    (librknnrt, through rknn-toolkit-lite2) can load a `.rknn` on (pipeline/run/app.py).
+    python -m pipeline.run.rknn_run --artifact model.rknn --compile-json compile.json \
+        --input x.npy ... --output y.npy ...
+
+RKNN-Toolkit2's simulator runs only a model built in the same process, so the compile step
+(pipeline/stages/rknn_compile.py) built, simulated on the golden inputs and exported in one child
+process. This hands those simulated outputs to validation after checking that they belong to these
+very bytes and inputs: the artifact's sha256 is the one the simulated model was exported as, and
+each input is the file it was simulated on. Anything else is an error, never a silent pass. The
+board's NPU never runs here; the app side (is an NPU present? load a `.rknn` on it) is rknn_load.py.
 """
 from __future__ import annotations
 
@@ -21,8 +20,6 @@ import sys
 from pathlib import Path
 
 FORMAT = "rknn"   # the manifest's `format` of RKNN artifacts
-# Where the rknpu kernel driver shows itself on a Rockchip board (DRM or misc device, debugfs).
-NPU_NODES = ("/dev/rknpu", "/sys/kernel/debug/rknpu", "/proc/device-tree/npu@fdab0000")
 
 
 def _sha256(path: Path) -> str:
@@ -31,39 +28,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def why_no_npu() -> str | None:
-    """None when this machine has a Rockchip NPU and the board runtime to load `.rknn` files;
-    else why not, in one sentence."""
-    nodes = [n for n in NPU_NODES if Path(n).exists()]
-    if not nodes:
-        return (f"this machine has no Rockchip NPU (none of {', '.join(NPU_NODES)} exists): "
-                f"RKNN artifacts run on the board's NPU only")
-    try:
-        import rknnlite.api  # noqa: F401 (rknn-toolkit-lite2, the board-side Python API)
-    except ImportError:
-        return (f"an NPU is present ({nodes[0]}) but rknn-toolkit-lite2 is not installed "
-                f"(pip install rknn-toolkit-lite2, and librknnrt.so of the version the "
-                f"manifest's requires.librknnrt names)")
-    return None
-
-
-class RknnModule:
-    """A `.rknn` loaded on the board's NPU through rknn-toolkit-lite2 (librknnrt)."""
-
-    def __init__(self, path: str):
-        from rknnlite.api import RKNNLite  # RKNN-Toolkit-Lite2: on the board only, not needed by doit list
-        self._rknn = RKNNLite(verbose=False)
-        for what, ret in (("load_rknn", lambda: self._rknn.load_rknn(path)),
-                          ("init_runtime", lambda: self._rknn.init_runtime())):
-            code = ret()
-            if code != 0:
-                raise RuntimeError(f"RKNNLite.{what}({path}) returned {code}")
-
-    def __call__(self, *inputs):
-        return self._rknn.inference(inputs=list(inputs),
-                                    data_format=["nchw" if x.ndim == 4 else None for x in inputs])
 
 
 def main(argv=None) -> int:

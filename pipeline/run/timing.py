@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 from ..core.errors import PipelineError
 from ..core.tools import distribution_version
 from . import tvm_run, vulkan
-from .app import to_host
+from .iree_load import to_host
 
 NOISY_CV = 0.10          # a series whose coefficient of variation is above this is flagged noisy
 PHASES = ("copy_in", "invoke", "read_back")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import ConfigDict, Field
 
@@ -19,7 +19,7 @@ from .npu import NpuAbiDoc
 from .npu import parse_abi as parse_npu_abi
 from .ship import SlotDoc
 from .ship import parse_target as parse_ship
-from .tvm import TvmAbi, TvmAbiDoc
+from .tvm import TvmAbiDoc
 from .tvm import parse_abi as parse_tvm_abi
 
 TARGETS_DIR = Path(__file__).resolve().parents[1] / "targets"
@@ -204,8 +204,57 @@ class VulkanAbiDoc(Doc):
     run: VulkanRunDoc
 
 
-Abi = Annotated[Union[Annotated[Union[CpuAbiDoc, VulkanAbiDoc], Field(discriminator="backend")],
-                      TvmAbiDoc, NpuAbiDoc], Field(discriminator="compiler")]
+def _iree_abi(name: str, doc, where: str, problems: list) -> AbiSpec | None:
+    """An IREE ABI of the target (CPU or Vulkan) as AbiSpec, or None (problems appended)."""
+    if doc.run is None:
+        return None
+    run = doc.run
+    fallbacks = _fallbacks(doc, where, problems)
+    workarounds = tuple({"name": w.name, "flags": tuple(w.flags), "rewrites": tuple(w.rewrites),
+                         "why": w.why} for w in (doc.workarounds or ()))
+    for k, w in enumerate(workarounds):
+        if not (w["flags"] or w["rewrites"]):
+            problems.append(f"{where}.workarounds[{k}]: give flags or rewrites (what works around {w['name']!r})")
+    if isinstance(doc, CpuAbiDoc):
+        configs = _configs(doc, where, problems)
+        if not check_via(doc.arch, run.via, where, problems) or doc.cpu is None:
+            return None
+        return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
+                       arch=doc.arch, triple=doc.triple or _ARCHES[doc.arch], cpu=doc.cpu,
+                       cpu_features=tuple(doc.cpu_features or ()), fallbacks=fallbacks,
+                       workarounds=workarounds, configs=configs, configs_from=doc.configs_from,
+                       run={"via": run.via, "device": run.device,
+                            **({"qemu_cpu": run.qemu_cpu or "max"} if run.via == "qemu" else {})})
+    if run.via == "twin" and run.twin is None:
+        problems.append(f"{where}.run.twin: name the Vulkan target of the runnable twin (e.g. llvmpipe)")
+        return None
+    return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
+                   vulkan_target=doc.vulkan_target, vulkan_features=doc.vulkan_features,
+                   fallbacks=fallbacks, workarounds=workarounds,
+                   run={"via": run.via, "driver": run.driver,
+                        **({"twin": run.twin} if run.via == "twin" else {})})
+
+
+# The ABI documents a target YAML may hold, one row per backend (the `compiler:` they give): the
+# document (a union of them where the backend has several kinds of ABI) and what reads one into
+# the ABI spec its backend builds. A new backend is its document in a module of spec/ and a row.
+ABI_SCHEMAS = (
+    (Annotated[Union[CpuAbiDoc, VulkanAbiDoc], Field(discriminator="backend")], _iree_abi),
+    (TvmAbiDoc, parse_tvm_abi),
+    (NpuAbiDoc, parse_npu_abi),
+)
+Abi = Annotated[Union[tuple(doc for doc, _ in ABI_SCHEMAS)], Field(discriminator="compiler")]
+
+
+def documents(schema) -> tuple[type, ...]:
+    """The document classes of a row's schema (a class, or an Annotated union of them)."""
+    if get_origin(schema) is Annotated:
+        return documents(get_args(schema)[0])
+    if get_origin(schema) is Union:
+        return tuple(c for a in get_args(schema) for c in documents(a))
+    return (schema,)
+
+
 
 
 class TargetDoc(Doc):
@@ -258,38 +307,12 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> TargetSpec:
 
 
 def _abi(name: str, doc, where: str, problems: list):
-    """An ABI of the target as AbiSpec (IREE) or TvmAbi, or None (problems appended)."""
-    if isinstance(doc, TvmAbiDoc):
-        return parse_tvm_abi(name, doc, where, problems)
-    if isinstance(doc, NpuAbiDoc):
-        return parse_npu_abi(name, doc, where, problems)
-    if doc is None or doc.run is None:
-        return None
-    run = doc.run
-    fallbacks = _fallbacks(doc, where, problems)
-    workarounds = tuple({"name": w.name, "flags": tuple(w.flags), "rewrites": tuple(w.rewrites),
-                         "why": w.why} for w in (doc.workarounds or ()))
-    for k, w in enumerate(workarounds):
-        if not (w["flags"] or w["rewrites"]):
-            problems.append(f"{where}.workarounds[{k}]: give flags or rewrites (what works around {w['name']!r})")
-    if isinstance(doc, CpuAbiDoc):
-        configs = _configs(doc, where, problems)
-        if not check_via(doc.arch, run.via, where, problems) or doc.cpu is None:
-            return None
-        return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
-                       arch=doc.arch, triple=doc.triple or _ARCHES[doc.arch], cpu=doc.cpu,
-                       cpu_features=tuple(doc.cpu_features or ()), fallbacks=fallbacks,
-                       workarounds=workarounds, configs=configs, configs_from=doc.configs_from,
-                       run={"via": run.via, "device": run.device,
-                            **({"qemu_cpu": run.qemu_cpu or "max"} if run.via == "qemu" else {})})
-    if run.via == "twin" and run.twin is None:
-        problems.append(f"{where}.run.twin: name the Vulkan target of the runnable twin (e.g. llvmpipe)")
-        return None
-    return AbiSpec(name=name, compiler="iree", backend=doc.backend, flags=tuple(doc.flags or ()),
-                   vulkan_target=doc.vulkan_target, vulkan_features=doc.vulkan_features,
-                   fallbacks=fallbacks, workarounds=workarounds,
-                   run={"via": run.via, "driver": run.driver,
-                        **({"twin": run.twin} if run.via == "twin" else {})})
+    """An ABI of the target as its backend's spec (AbiSpec, TvmAbi, NpuAbi, ...), or None
+    (problems appended)."""
+    for schema, parse in ABI_SCHEMAS:
+        if isinstance(doc, documents(schema)):
+            return parse(name, doc, where, problems)
+    return None  # no document: reported by the target document's check
 
 
 def _configs(doc: CpuAbiDoc, where: str, problems: list) -> tuple[dict, ...]:
@@ -480,12 +503,12 @@ def load_pins(models, targets, problems: list, warnings: list) -> tuple[dict, di
                         "rewrites": list(config["rewrites"]), "pin": source}
             if own is None:
                 continue
-            for abi in [a for a in target.abis if isinstance(a, TvmAbi)]:
+            for abi in [a for a in target.abis if not isinstance(a, AbiSpec)]:  # no `configs:`
                 chosen = (own.abis or {}).get(abi.name)
                 if chosen is not None and chosen.config not in (None, DEFAULT_CONFIG):
                     problems.append(f"{display(pin_path(model.dir, target.name))}: models."
-                                    f"{model.name}.abis.{abi.name}.config: a TVM ABI has no "
-                                    f"configs, only {DEFAULT_CONFIG!r}")
+                                    f"{model.name}.abis.{abi.name}.config: a {abi.compiler.upper()} "
+                                    f"ABI has no configs, only {DEFAULT_CONFIG!r}")
             known = {s["name"]: s for s in target.ship}
             for slot, body in (own.slots or {}).items():
                 sw = f"{display(pin_path(model.dir, target.name))}: models.{model.name}.slots.{slot}"

@@ -293,9 +293,10 @@ def render(name: str, acc: dict, div: dict, around: int | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------- the NPU's own view
-# An int8 NPU build's per-layer table, written by stages/rknn_compile.py (its ANALYSIS): read by
-# name, not imported, so that this stage's key does not follow the NPU compiler's code.
-NPU_ANALYSIS = ("rknn_compile", "accuracy_analysis.json")
+# An int8 build's per-layer table that a backend's compile step writes beside its artifact
+# (stages/rknn_compile.py's ANALYSIS, in its format), in whichever stage's folder: found by name,
+# not imported, so that this stage's key follows no compiler's code.
+NPU_ANALYSIS = ("*", "accuracy_analysis.json")
 
 
 def npu_analyses(layout, variant: str) -> list:

@@ -38,7 +38,6 @@ from ..compilers.backends import BACKENDS, backend_named
 from ..compilers.builds import proxy_pairs
 from ..compilers.iree_backend import IREE
 from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
-from ..compilers.rknn_backend import RKNN
 from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
 from ..core.layout import static_model
@@ -298,7 +297,8 @@ def _tvm_basis() -> str:
 
 
 def _basis(compiler: str) -> str:
-    return PREDICTIONS[backend_named(compiler)][0]()
+    backend = backend_named(compiler)
+    return PREDICTIONS[backend][0]() if backend in PREDICTIONS else backend.coverage_basis
 
 
 def _iree_check(ctx, model: Path, where: dict) -> tuple:
@@ -322,14 +322,10 @@ def _tvm_check(ctx, model: Path, where: dict) -> tuple:
     return result, "TVM's ONNX import (relax.frontend.onnx.from_onnx)"
 
 
-def _rknn_basis() -> str:
-    return ("no op table: RKNN-Toolkit2's own build is the check; the CPU fallbacks and "
-            "unsupported ops it reports are in its compile.json and the manifest's coverage")
-
-
-# backend -> (the basis of its prediction, the real check that must fail where it predicts so)
-PREDICTIONS = {IREE: (_iree_basis, _iree_check), TVM: (_tvm_basis, _tvm_check),
-               RKNN: (_rknn_basis, None)}
+# backend -> (the basis of its prediction, the real check that must fail where it predicts so):
+# the backends with an op table here; another backend's own build is the check (its
+# `coverage_basis` says so).
+PREDICTIONS = {IREE: (_iree_basis, _iree_check), TVM: (_tvm_basis, _tvm_check)}
 
 
 def _confirm(ctx, compiler: str, problems: list, where: dict) -> str:

@@ -30,7 +30,6 @@ from . import golden
 
 VERSION = 1
 OUTPUTS = ("validation.json",)
-VIAS = ("python", "qemu", "vulkan", "twin", "simulator")
 # A lavapipe run has the machine to itself (doit runs steps side by side in threads): one run
 # keeps about two cores busy (LLVM compiling the kernels in one thread, IREE's threads polling
 # lavapipe's semaphores in others), and beside other steps it slowed down more than they gained:
@@ -53,8 +52,9 @@ class Config(StageConfig):
     def problems(self):
         if self.compiler not in BY_NAME:
             yield f"compiler must be one of {', '.join(BY_NAME)}, got {self.compiler!r}"
-        if self.run.get("via") not in VIAS:
-            yield f"run.via must be one of {', '.join(VIAS)}, got {self.run.get('via')!r}"
+        elif self.run.get("via") not in BY_NAME[self.compiler].vias:
+            yield (f"run.via must be one of {', '.join(BY_NAME[self.compiler].vias)} for "
+                   f"{self.compiler}, got {self.run.get('via')!r}")
         if not self.entry:
             yield "entry must name the artifact's entry point"
         yield from tolerance_problems("tolerance", self.tolerance)

@@ -12,17 +12,21 @@ from conftest import FIXTURES, add_tiny_model
 RECORDED = FIXTURES / "backend_registry" / "host_tiny.json"
 
 
+# Errors against golden: golden is onnxruntime's output on this machine, whose kernels follow the
+# CPU (AVX2 on the machine that recorded them, AVX-512 elsewhere: max_abs 4.8e-7 vs 9.5e-7 for the
+# same .vmfb bytes), so they are compared as passed-or-not, not digit for digit.
+MEASURED = ("cosine", "min_cosine", "max_abs", "mean_abs")
+
+
 def _without_step_keys(value, key: str | None = None):
-    """The entry without its step keys, and with validation cosines to 12 digits: since the
-    recording, the cosine's sums are exactly rounded (math.fsum, core/numerics.py) instead of
-    BLAS dot products, which moves its last digits (the bytes and every other figure are equal)."""
+    """The entry without its step keys and without the error figures measured against this
+    machine's golden (MEASURED; the bytes and every other field are compared)."""
     if isinstance(value, dict):
+        measured = () if key in ("tolerance", "reference_tolerance") else MEASURED
         return {k: _without_step_keys(v, k) for k, v in value.items()
-                if k not in ("step_key", "database_step_key")}
+                if k not in ("step_key", "database_step_key") + measured}
     if isinstance(value, list):
         return [_without_step_keys(v, key) for v in value]
-    if key in ("cosine", "min_cosine") and isinstance(value, float):
-        return round(value, 12)
     return value
 
 

@@ -161,7 +161,7 @@ def test_npu_builds_are_byte_reproducible_in_another_folder(npu_build, tmp_path)
 
 def test_runner_passes_the_npu_over_here_and_prefer_is_a_clear_error(npu_build):
     from pipeline.core.errors import PipelineError
-    from pipeline.run.app import Runner
+    from pipeline.app import Runner
     ws, _ = npu_build
     manifest = ws.artifacts / "rk3588" / "manifest.json"
     runner = Runner.open(manifest, "cnn")

@@ -264,7 +264,7 @@ def test_runtime_helper_opens_a_variant(host_build):
     golden = ws.artifacts / "models" / VARIANT / "golden"
     prog = ("import sys, numpy as np\n"
             f"sys.path.insert(0, {str(REPO)!r})\n"
-            "from pipeline.run.app import Runner\n"
+            "from pipeline.app import Runner\n"
             "from pipeline.core.errors import PipelineError\n"
             f"M = {str(ws.artifacts / 'host/manifest.json')!r}\n"
             f"r = Runner.open(M, 'cnn', variant='int8')\n"

@@ -272,7 +272,7 @@ def test_basic_pitch_onnx_and_tflite_sources_build_and_their_artifacts_agree(wor
     for g_onnx, g_tfl in zip(*golden.values()):  # onnxruntime on nmp.onnx vs LiteRT on nmp.tflite
         assert g_onnx.shape == g_tfl.shape and np.abs(g_onnx - g_tfl).max() < 1e-4  # 4.2e-5 measured
 
-    from pipeline.run.app import Runner
+    from pipeline.app import Runner
     for target, abi in (("host", "cpu-x86_64"), ("rk3588", "cpu-aarch64")):
         manifest = workspace.artifacts / target / "manifest.json"
         doc = json.loads(manifest.read_text())
@@ -354,7 +354,7 @@ def test_variants_build_validate_and_are_listed_in_the_manifest_for_apps(workspa
     assert base["source"] == variant["source"]
     a, b = base["artifacts"]["cpu-x86_64"], variant["artifacts"]["cpu-x86_64"]
     assert a["sha256"] != b["sha256"] and b["validation"]["status"] == "passed"
-    from pipeline.run.app import Runner
+    from pipeline.app import Runner
     runner = Runner.open(workspace.artifacts / "host" / "manifest.json", "tiny.b2")
     x = np.load(workspace.artifacts / "models" / "tiny.b2" / "golden" / "input_0.npy")
     (y,) = runner.run(x)

@@ -407,7 +407,7 @@ def test_compiler_choice_by_measurement_or_spec_and_what_release_runtime_and_ben
     assert ws.doit("verify", f"bundle={bundle}", f"pubkey={pub}").returncode == 0
 
     # runtime: the shipped choice is what an app gets, and it runs
-    from pipeline.run.app import Runner
+    from pipeline.app import Runner
     runner = Runner.open(ws.artifacts / "host/manifest.json", "alpha")
     assert runner.choice.abi == "cpu-x86_64-tvm" and "TVM runtime" in runner.choice.device
     assert "passed over cpu-x86_64: not the shipped choice" in runner.choice.explain()

@@ -58,7 +58,7 @@ def _runner(ws, code: str, env_extra: dict | None = None) -> subprocess.Complete
     env = dict(os.environ, **(env_extra or {}))
     prog = ("import sys, json, numpy as np\n"
             f"sys.path.insert(0, {str(REPO)!r})\n"
-            "from pipeline.run.app import Runner\n"
+            "from pipeline.app import Runner\n"
             "from pipeline.core.errors import PipelineError\n"
             f"M = {str(ws.artifacts / 'rk3588/manifest.json')!r}\n"
             f"X = np.load({str(ws.artifacts / 'models/alpha/golden/input_0.npy')!r})\n"
@@ -96,7 +96,7 @@ def test_runtime_errors_are_clear(rk3588_build):
                         {"VK_DRIVER_FILES": "/nonexistent.json", "VK_ICD_FILENAMES": "/nonexistent.json"})
     assert "vulkan-baseline: no usable Vulkan driver" in no_driver.stdout, no_driver.stdout + no_driver.stderr
     wrong = _runner(rk3588_build,
-                    "from pipeline.run.app import load_module\n"
+                    "from pipeline.run.iree_load import load_module\n"
                     f"cpu = {str(rk3588_build.artifacts / 'rk3588/alpha/cpu-aarch64/iree_compile/model.vmfb')!r}\n"
                     "try:\n    load_module(__import__('pathlib').Path(cpu), 'local-task', 'main', {'model': 'alpha'})\n"
                     "except PipelineError as e:\n    print(e)")

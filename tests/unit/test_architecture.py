@@ -28,6 +28,7 @@ LAYERS = [
      "commands beside the build (doit bench, profile, search / release, verify, keygen, cache / bisect)"),
     (("graph",), "the Project, the one table of stages, and the commands that read the graph"),
     (("stages",), "one module per doit stage: a row of graph/stages.py's STAGES each"),
+    (("app",), "the app-side runtime helper: Runner picks the artifact this machine can run (asking its backend)"),
     (("compilers",), "the backends and their table, which ABIs a model is built for, the compilers' facts"),
     (("run",), "runners of artifacts and models (IREE, TVM, RKNN, onnxruntime, qemu, Vulkan), timing"),
     (("rewrite",), "graph rewrites (ONNX -> ONNX) and conversions of TFLite / NNEF sources to ONNX"),
