@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..compilers.backends import backend_for
+from ..compilers.backends import BY_FORMAT
 from ..core.errors import PipelineError
 from ..core.layout import Layout
 from ..core.store import sha256_file
@@ -77,8 +77,12 @@ class Runner:
                            for abi, why in sorted(entry_doc.get("skipped", {}).items())]
         for abi in order:
             art = artifacts[abi]
-            loader = backend_for(art).app
+            backend = BY_FORMAT.get(art.get("format"))
             why = None if prefer else not_shipped.get(abi)
+            if backend is None:  # a manifest of a modelyard with a backend this one lacks
+                why = (f"its format {art.get('format')!r} is not one this modelyard loads "
+                       f"({', '.join(BY_FORMAT)})")
+            loader = backend.app if backend else None
             why = why or loader.why_not(art, ctx)
             if why is None:
                 choice = loader.choice(abi, art, layout.resolve(art["path"]), ctx, considered)
