@@ -255,8 +255,6 @@ def documents(schema) -> tuple[type, ...]:
     return (schema,)
 
 
-
-
 class TargetDoc(Doc):
     """pipeline/targets/<name>.yaml: a device, the ABIs built for it, the order an app tries them."""
     model_config = ConfigDict(title="target")
