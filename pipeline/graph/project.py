@@ -17,7 +17,7 @@ from ..core.steps import Step
 from ..core.store import use_memo
 from ..spec import TARGETS_DIR, ModelSpec, TargetSpec, display, known_targets, load_models, load_target
 from ..spec.ship import check_explicit
-from ..spec.target import load_pins
+from ..spec.target import check_skips, load_pins
 from .stages import BY_NAME
 
 
@@ -44,7 +44,7 @@ def load_project(models: str | Path, artifacts: str | Path, target: str | None,
     names = [target] if target else known_targets(targets_dir)
     targets = tuple(load_target(n, targets_dir) for n in names)
     specs = load_models(Path(models).resolve(), memo_dir=layout.cache)
-    problems = check_explicit(specs, targets)
+    problems = check_explicit(specs, targets) + check_skips(specs, targets_dir)
     loaded = {t.name for t in targets}
     wanted = sorted({p.split("/")[0] for t in targets for s in t.ship
                      for p in s["proxies"].values()} - loaded)

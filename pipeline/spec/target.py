@@ -5,6 +5,8 @@ Every problem found is collected and reported at once, naming the file and the k
 """
 from __future__ import annotations
 
+import difflib
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Optional, Union, get_args, get_origin
@@ -302,6 +304,48 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> TargetSpec:
         raise SpecError(list(problems))
     return TargetSpec(name, doc.description, tuple(abis), tuple(fallback), path, sha256_file(path),
                       ship=ship)
+
+
+def abi_names(targets_dir: Path = TARGETS_DIR) -> dict[str, list[str]]:
+    """target -> the names of its ABIs, as its YAML lists them (read, not checked: a broken target
+    file is reported by load_target when it is built; here it has no ABIs)."""
+    out = {}
+    for name in known_targets(targets_dir):
+        raw = read_yaml(Path(targets_dir) / f"{name}.yaml", [])
+        abis = raw.get("abis") if isinstance(raw, dict) else None
+        out[name] = [str(a) for a in abis] if isinstance(abis, dict) else []
+    return out
+
+
+def check_skips(models, targets_dir: Path = TARGETS_DIR) -> list[str]:
+    """A `skip:` pattern (a model's, or one of its precision variants') that names no ABI of any
+    known target skips nothing: most likely a typo (`cpu-x86-64` for `cpu-x86_64`), and the build
+    would go on as if the skip were not there. One problem per such pattern, listing every
+    target's ABIs (and the closest name). Known: the targets of the registry in use and the
+    project's own (pipeline/targets/), as a model spec is not written for one registry."""
+    known = abi_names(TARGETS_DIR)
+    if Path(targets_dir).resolve() != TARGETS_DIR:
+        for target, names in abi_names(targets_dir).items():
+            known[target] = names + [a for a in known.get(target, []) if a not in names]
+    every = sorted({a for names in known.values() for a in names})
+    listed = "; ".join(f"{t}: {', '.join(n)}" for t, n in sorted(known.items()) if n)
+    problems = []
+    for model in models:
+        if model.shape_of is not None:
+            continue  # a shape variant has its model's skips: reported once, for the model
+        sections = [("skip", model.skip)] + [(f"variants.{v.name}.skip", v.skip)
+                                             for v in model.variants]
+        for key, skips in sections:
+            for pattern, _ in skips:
+                if any(fnmatch.fnmatchcase(a, pattern) for a in every):
+                    continue
+                close = difflib.get_close_matches(pattern, every, n=1)
+                problems.append(f"{display(model.spec_path)}: {key}.{pattern}: matches no ABI of "
+                                f"any target, so nothing would be skipped; "
+                                f"{'did you mean ' + repr(close[0]) + '? ' if close else ''}"
+                                f"name an ABI (or an fnmatch pattern matching one) of "
+                                f"{listed or 'no target'}")
+    return problems
 
 
 def _abi(name: str, doc, where: str, problems: list):
