@@ -365,17 +365,34 @@ def disk_full(step: Step, err: OSError) -> PipelineError:
         hint=f"free space under {step.layout.root} (or raise the file size limit), then build again")
 
 
+CANNOT_WRITE = {errno.EROFS: "the folder is on a read-only file system",
+                errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
+
+
+def cannot_write(step: Step, err: OSError) -> PipelineError:
+    """A file of the step's that could not be written (published, removed, or its scratch made),
+    named with the reason: not a failure of the step's tool or artifact."""
+    path = Path(err.filename)
+    return PipelineError(
+        f"cannot write {path}: {CANNOT_WRITE[err.errno]} ({os.strerror(err.errno)}); the step's "
+        f"outputs were not published", stage=step.stage, **step.where,
+        hint=f"make {path.parent} writable for this user (remount it read-write, chmod u+w or "
+             f"chown it), or build into another folder (artifacts=DIR); then build again")
+
+
 def doit_action(step: Step):
-    """The python-action doit calls: a PipelineError (or a full disk) becomes a one-paragraph
-    TaskFailed."""
+    """The python-action doit calls: a PipelineError, a full disk or a file it cannot write
+    becomes a one-paragraph TaskFailed."""
     try:
         execute(step)
     except PipelineError as err:
         return TaskFailed(err.render())
     except OSError as err:
-        if err.errno not in DISK_FULL:
-            raise
-        return TaskFailed(disk_full(step, err).render())
+        if err.errno in DISK_FULL:
+            return TaskFailed(disk_full(step, err).render())
+        if err.errno in CANNOT_WRITE and err.filename:
+            return TaskFailed(cannot_write(step, err).render())
+        raise
     return None
 
 

@@ -37,6 +37,12 @@ DISTRIBUTIONS = ("onnx", "onnxsim", "onnxruntime", "numpy", "iree-base-compiler"
 BINARIES = ("qemu-aarch64-static", "g++", "aarch64-linux-gnu-g++", "gcc", "aarch64-linux-gnu-gcc",
             "patch")
 
+# The exit code of our own runners (pipeline/run/*_run.py) when they cannot write an output
+# (sysexits' EX_CANTCREAT), after one line "cannot write PATH: REASON": run_tool reports that line,
+# not a failure of the tool or of the artifact it ran.
+CANNOT_WRITE = 73
+WRITE_HINT = ("make that folder writable for this user (remount it read-write, chmod u+w or chown "
+              "it), or build into another folder (artifacts=DIR); then build again")
 ICD_DIR = Path("/usr/share/vulkan/icd.d")  # where Mesa installs its Vulkan drivers' manifests
 SETUP_HINT = "run ./setup.sh (it installs every tool the pipeline needs)"
 
@@ -146,10 +152,41 @@ def run_tool(argv: list, *, log: Path | None, what: str, stage: str | None = Non
             out.write(f"\n(timed out after {timeout} s)")
         out.write(f"\n[exit code {rc}, {time.monotonic() - start:.1f} s wall, {cpu:.1f} s CPU]\n\n")
     run = ToolRun(argv, rc, output, log, timed_out)
+    said = rc == CANNOT_WRITE and next((line for line in output.splitlines()
+                                        if line.startswith("cannot write ")), None)
+    if check and said:  # our own runner could not write its output: not the tool's failure
+        raise PipelineError(f"{what}: {said}; the step's outputs were not published",
+                            hint=WRITE_HINT, log=str(log) if log is not None else None, **where)
     if check and rc != 0:
         raise PipelineError(f"{what} failed ({describe_exit(rc)}):\n{tail(output)}", hint=hint,
                             log=str(log) if log is not None else None, **where)
     return run
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a tool may run for one step: `seconds`, and `how` they were derived (in words,
+    for the error when the tool runs past them)."""
+    seconds: int
+    how: str
+
+
+def step_budget(size_bytes: int, nodes: int, *, floor: int, ceiling: int, per_mb: float,
+                per_node: float, base: float = 0.0, factor: float = 1.0,
+                override: int | None = None, override_from: str = "the spec") -> Budget:
+    """A tool's time budget that follows the model it works on: base + per_mb * MB of the model
+    file + per_node * graph nodes, times `factor` (e.g. an int8 build's extra passes), held
+    within [floor, ceiling] seconds. A budget the spec gives (`override`) is taken as it is."""
+    if override is not None:
+        return Budget(int(override), f"set by {override_from}")
+    mb = size_bytes / 1e6
+    raw = (base + per_mb * mb + per_node * nodes) * factor
+    seconds = int(round(min(max(raw, floor), ceiling)))
+    bound = (" (the floor)" if raw < floor else " (the ceiling)" if raw > ceiling else "")
+    times = f" x {factor:g}" if factor != 1 else ""
+    return Budget(seconds, f"({base:g} s + {per_mb:g} s/MB x {mb:.2f} MB + {per_node:g} s/node x "
+                           f"{nodes} nodes){times} = {raw:.0f} s, within [{floor}, {ceiling}] s"
+                           f"{bound}")
 
 
 PROGRESS_EVERY = 30.0  # seconds

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.core.tools import CANNOT_WRITE
 from pipeline.run.iree_load import to_host
 
 
@@ -39,7 +40,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 3
     for path, value in zip(args.output, results):
-        np.save(path, to_host(value), allow_pickle=False)
+        try:
+            np.save(path, to_host(value), allow_pickle=False)
+        except OSError as exc:  # not the artifact's failure: say which file, and why
+            print(f"cannot write {exc.filename or path}: {exc.strerror}", file=sys.stderr)
+            return CANNOT_WRITE
     return 0
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 FORMAT = "rknn"   # the manifest's `format` of RKNN artifacts
+CANNOT_WRITE = 73  # core.tools.CANNOT_WRITE: an output file could not be written
 
 
 def _sha256(path: Path) -> str:
@@ -60,7 +61,13 @@ def main(argv=None) -> int:
         if _sha256(source) != entry["sha256"]:
             print(f"{source} changed since the compile step wrote it", file=sys.stderr)
             return 5
-        shutil.copyfile(source, out)
+        try:
+            shutil.copyfile(source, out)
+        except OSError as exc:  # not the artifact's failure: say which file, and why
+            if Path(exc.filename or "") == Path(source):
+                raise
+            print(f"cannot write {exc.filename or out}: {exc.strerror}", file=sys.stderr)
+            return CANNOT_WRITE
     print(json.dumps({"artifact_sha256": shipped, "outputs": len(args.output)}))
     return 0
 

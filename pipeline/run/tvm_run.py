@@ -25,6 +25,7 @@ from pathlib import Path
 RUNNER = Path(__file__).resolve()  # run as a script by the validate stage (natively or under qemu)
 FORMAT = "tvm-so"                  # what this runtime loads: the manifest's `format` of TVM's artifacts
 
+CANNOT_WRITE = 73                  # core.tools.CANNOT_WRITE (this file imports nothing of pipeline)
 KDL_CPU = 1
 POOLED_ALLOCATOR = 2
 
@@ -90,7 +91,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 3
     for path, value in zip(args.output, results):
-        np.save(path, value, allow_pickle=False)
+        try:
+            np.save(path, value, allow_pickle=False)
+        except OSError as exc:  # not the artifact's failure: say which file, and why
+            print(f"cannot write {exc.filename or path}: {exc.strerror}", file=sys.stderr)
+            return CANNOT_WRITE
     import tvm  # tvm: 2.8 s, not needed by doit list
     print(f"ran {args.module} with TVM {tvm.__version__} ({os.uname().machine})")
     return 0
