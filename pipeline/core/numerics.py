@@ -34,6 +34,21 @@ manifest, the bench report and config search read), `failures` (empty when it pa
 The tolerance is a dict as the spec's Tolerance.as_dict gives it: max_abs, mean_abs and cosine,
 and the optional integer_steps and bool_mismatch (left out at their defaults: a spec that gives
 neither records the tolerance it always did).
+
+Reduced precision (`compare(..., precision="fp16" | "int8")`: an artifact that computes in fp16,
+or an int8 build): its error follows the magnitude of what it computes, so an absolute bound
+that fits probabilities cannot pass a correct build of an output in pixels (fp16 holds 0.25 at
+320). A float output's bounds are then
+
+    max_abs'  = max(max_abs,  K * eps * max |golden|)
+    mean_abs' = max(mean_abs, K * eps * mean |golden|)
+
+with eps the precision's machine epsilon (EPS: fp16 2**-10, the step between 1 and the next
+fp16; int8 2**-7, one quantization step of a tensor quantized over [-max, max]) and K = 4
+(SCALE_K: fp16 rounds each result to within eps/2 of its magnitude; a network adds a few such
+roundings). The cosine bound is unchanged. Such a row carries `tolerance`: the bounds applied,
+the precision, eps, K and golden's max and mean magnitude. fp32 (precision None) is compared
+with the declared bounds exactly as they are, its rows without that key.
 """
 from __future__ import annotations
 
@@ -67,6 +82,8 @@ def make_input(spec: dict, file: Path | None = None) -> np.ndarray:
 
 
 TOLERANCE_KEYS = ("max_abs", "mean_abs", "cosine")  # required numbers
+EPS = {"fp16": 2.0 ** -10, "int8": 2.0 ** -7}  # reduced precisions: their machine epsilon
+SCALE_K = 4  # how many eps of golden's magnitude a reduced-precision output may be off
 TOLERANCE_DEFAULTS = {"integer_steps": 0, "bool_mismatch": 0.0}  # optional
 
 
@@ -100,8 +117,30 @@ def _kind(dtype) -> str:
     return "integer" if np.issubdtype(dtype, np.integer) else "float"
 
 
-def compare_one(name: str, actual: np.ndarray, expected: np.ndarray, tol: dict) -> dict:
-    """One output against its golden output: the row validation.json records."""
+def scaled(tol: dict, expected, precision: str | None) -> dict | None:
+    """The bounds a float output computed in reduced `precision` is held to (see the module
+    docstring), with how they were derived; None for fp32 (the declared bounds as they are)."""
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    if precision is None or precision == "fp32":
+        return None
+    eps = EPS[precision]
+    e = np.abs(expected.astype(np.float64))
+    e = e[np.isfinite(e)]  # a non-finite golden fails in any case (_floats)
+    peak = float(e.max()) if e.size else 0.0
+    mean = float(e.mean()) if e.size else 0.0
+    return {"max_abs": max(tol["max_abs"], SCALE_K * eps * peak),
+            "mean_abs": max(tol["mean_abs"], SCALE_K * eps * mean), "cosine": tol["cosine"],
+            "precision": precision, "eps": eps, "k": SCALE_K,
+            "golden_max_abs": peak, "golden_mean_abs": mean,
+            "rule": "max_abs = max(declared max_abs, k * eps * golden_max_abs); mean_abs = "
+                    "max(declared mean_abs, k * eps * golden_mean_abs)"}
+
+
+def compare_one(name: str, actual: np.ndarray, expected: np.ndarray, tol: dict,
+                precision: str | None = None) -> dict:
+    """One output against its golden output: the row validation.json records. `precision`: the
+    reduced precision the artifact computes in (fp16, int8), whose float bounds follow golden's
+    magnitude; None: fp32, the declared bounds."""
     kind = _kind(expected.dtype)
     row = {"name": name, "shape": list(expected.shape), "dtype": str(expected.dtype),
            "compared": kind, "max_abs": None, "mean_abs": None, "cosine": None,
@@ -113,8 +152,20 @@ def compare_one(name: str, actual: np.ndarray, expected: np.ndarray, tol: dict) 
         row["failures"].append(f"dtype {actual.dtype} != golden {expected.dtype}")
         if _kind(actual.dtype) != kind:
             return row
+    declared = {**TOLERANCE_DEFAULTS, **tol}
+    bounds = scaled(declared, expected, precision) if kind == "float" else None
+    applied = declared if bounds is None else {**declared, "max_abs": bounds["max_abs"],
+                                               "mean_abs": bounds["mean_abs"]}
+    if bounds is not None:
+        row["tolerance"] = bounds
     judge = {"float": _floats, "integer": _integers, "bool": _bools}[kind]
-    judge(row, actual.ravel(), expected.ravel(), {**TOLERANCE_DEFAULTS, **tol})
+    judge(row, actual.ravel(), expected.ravel(), applied)
+    for k, failure in enumerate(row["failures"]):  # where a bound above the declared one came from
+        metric = failure.split(" ", 1)[0]
+        if bounds is not None and metric in ("max_abs", "mean_abs") and applied[metric] > declared[metric]:
+            row["failures"][k] += (f" (= {SCALE_K} x {precision} eps {bounds['eps']:.3g} x golden's "
+                                   f"{metric.split('_')[0]} magnitude {bounds['golden_' + metric]:.3g}; "
+                                   f"declared {declared[metric]:.3g})")
     return row
 
 
@@ -220,11 +271,12 @@ def _bools(row: dict, actual, expected, tol: dict) -> None:
 
 
 def compare(actual: list[np.ndarray], expected: list[np.ndarray], names: list[str],
-            tol: dict) -> dict:
+            tol: dict, precision: str | None = None) -> dict:
+    """Every output against golden (`precision`: see compare_one)."""
     if len(actual) != len(expected):
         return {"passed": False, "outputs": [],
                 "failures": [f"{len(actual)} outputs, golden has {len(expected)}"]}
-    rows = [compare_one(n, a, e, tol) for n, a, e in zip(names, actual, expected)]
+    rows = [compare_one(n, a, e, tol, precision) for n, a, e in zip(names, actual, expected)]
     return {"passed": all(not r["failures"] for r in rows), "outputs": rows}
 
 

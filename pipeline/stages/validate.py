@@ -20,7 +20,7 @@ from ..compilers.backend import ENTRY
 from ..compilers.backends import BY_NAME, backend_named, backend_of
 from ..compilers.builds import built, proxy_pairs, skipped, variant_abis, variant_skip_reason
 from ..core.layout import golden_files
-from ..core.numerics import compare, describe_failures, summary, tolerance_problems
+from ..core.numerics import EPS, compare, describe_failures, summary, tolerance_problems
 from ..core.steps import StageConfig, Step, abi_step_name, alone, key_value, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import run_tool
@@ -48,6 +48,9 @@ class Config(StageConfig):
     precision: str | None = None        # a precision variant's: int8 | fp16 ...
     reference_tolerance: dict | None = None  # ... and what it must hold to against fp32 (its gate)
     tolerance_from: str | None = None   # where `tolerance` is declared, when not the model's own
+    arithmetic: str | None = None       # the reduced precision the artifact computes in (fp16 |
+    #                                     int8): its float bounds follow golden's magnitude
+    #                                     (core/numerics.py); None: fp32, the declared bounds
 
     def problems(self):
         if self.compiler not in BY_NAME:
@@ -64,6 +67,8 @@ class Config(StageConfig):
             if self.precision not in PRECISIONS:
                 yield f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
             yield from tolerance_problems("reference_tolerance", self.reference_tolerance)
+        if self.arithmetic is not None and self.arithmetic not in EPS:
+            yield f"arithmetic must be one of {', '.join(EPS)} (or None: fp32), got {self.arithmetic!r}"
 
     def as_key(self) -> dict:
         key = {"compiler": self.compiler, "run": key_value(self.run), "entry": self.entry,
@@ -72,6 +77,8 @@ class Config(StageConfig):
             key.update(precision=self.precision, reference_tolerance=key_value(self.reference_tolerance))
         if self.tolerance_from is not None:  # a backend's own tolerance (the NPU's, per precision)
             key["tolerance_from"] = self.tolerance_from
+        if self.arithmetic is not None:  # reduced precision (fp32 keys are unchanged)
+            key["arithmetic"] = self.arithmetic
         return key
 
 
@@ -105,7 +112,7 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     for p in outputs:
         p.unlink()
     names = [o["name"] for o in doc["outputs"]]
-    result = compare(actual, expected, names, ctx.cfg.tolerance)
+    result = compare(actual, expected, names, ctx.cfg.tolerance, ctx.cfg.arithmetic)
     if not result["passed"]:
         raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
                         f"({summary(result)})", hint=wrong_hint)
@@ -163,6 +170,8 @@ def run(ctx) -> None:
                                  "does not: compare with its own golden (validation.json)")
     report = {"status": "passed", "executed": executed, "tolerance": cfg.tolerance,
               "outputs": result["outputs"], "shipped_bytes_executed": not twin}
+    if cfg.arithmetic is not None:  # each float row's `tolerance`: the bounds it was held to
+        report["arithmetic"] = cfg.arithmetic
     if cfg.tolerance_from is not None:
         report["tolerance_from"] = cfg.tolerance_from
     if executed.get("simulated"):  # the NPU: its simulator ran the model exported as this file
@@ -212,6 +221,9 @@ def validate_step(layout, model, target, abi, precision: str | None = None) -> S
               **backend.validation_inputs(compiled, len(model.signature["outputs"]))}
     tolerance, tolerance_from = (backend.validation_tolerance(abi, precision)
                                  or (model.tolerance.as_dict(), None))
+    # what the artifact computes in: a variant's precision, or the ABI's own (the NPU builds an
+    # fp32 model in fp16); fp32 otherwise
+    arithmetic = precision or getattr(abi, "precision", None)
     via = abi.run["via"]
     if via == "twin":
         twin = layout.artifact_stage(target.name, model.name, abi.name, "twin_compile")
@@ -220,7 +232,8 @@ def validate_step(layout, model, target, abi, precision: str | None = None) -> S
         inputs["twin.compile.json"] = twin / "compile.json"     # with the shipped build's flags
     return Step(stage="validate", name=abi_step_name(model, target, abi), version=VERSION,
                 config=Config(compiler=backend.name, run=abi.run, entry=ENTRY, backend=abi.backend,
-                              tolerance=tolerance, tolerance_from=tolerance_from),
+                              tolerance=tolerance, tolerance_from=tolerance_from,
+                              arithmetic=None if arithmetic == "fp32" else arithmetic),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
                 tools=backend.validation_tools(abi.run), action=run, layout=layout,
