@@ -8,6 +8,7 @@ file and the key, before anything is built. A source's signature is read without
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import json
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .sources import read_signature as read_source_signature, source_files, sour
 from .calibration import PreprocessingDoc
 from .common import (NAME_RE, Doc, Says, Tolerance, ToleranceDoc, as_list, display, inside,
                      links_out, one_or_many, read_yaml, validate)
+from .npu import NpuModelDoc
 from .shapes import Shapes
 from .ship import ModelShip
 from .ship import parse_model as parse_ship
@@ -90,6 +92,7 @@ class ModelSpec:
     shapes: tuple = ()            # on the base model: the names of its shape variants' specs
     tvm: dict = field(default_factory=dict, compare=False, hash=False)  # tvm_tune.parse_model()
     ship: dict = field(default_factory=dict, compare=False, hash=False)  # choice.parse_model()
+    npu: dict = field(default_factory=dict, compare=False, hash=False)  # {budget_s} when the spec sets it
 
     @property
     def base(self) -> str:
@@ -222,7 +225,8 @@ class ModelDoc(Doc):
     skip: Optional[dict[str, Annotated[str, Field(pattern=r"\S"), Says(
         "expected why this model is not built for these ABIs, got {input}: a skip without a "
         "reason is not allowed")]]] = None
-    """ABI name pattern (fnmatch, e.g. 'vulkan-*') -> why this model is not built for it"""
+    """ABI name pattern (fnmatch, e.g. 'vulkan-*') -> why this model is not built for it; a
+    pattern that names no ABI of any known target is an error (nothing would be skipped)"""
     preprocessing: Optional[dict[str, PreprocessingDoc]] = None
     """input name -> how an image of a data set becomes that input (see docs/variants.md)"""
     variants: Optional[Variants] = None
@@ -233,6 +237,8 @@ class ModelDoc(Doc):
     """TVM tuning budgets and pinned databases per target (see docs/tvm.md)"""
     ship: Optional[ModelShip] = None
     """target -> {slot: the ABI that ships}, e.g. {rk3588: {cpu: cpu-aarch64-tvm}}"""
+    npu: Optional[NpuModelDoc] = None
+    """this model's builds for NPU ABIs (RKNN-Toolkit2): its time budget (see docs/npu.md)"""
 
 
 def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[ModelSpec] | None, list[str]]:
@@ -297,7 +303,8 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                                                         for k, v in (doc.skip or {}).items())),
                      variants=variants, preprocessing=preprocessing,
                      source_format=source_format(source), external_data=external, tvm=tvm,
-                     ship=parse_ship(doc.ship))
+                     ship=parse_ship(doc.ship),
+                     npu=doc.npu.model_dump(exclude_none=True) if doc.npu else {})
     return expand_shapes(spec, shape_variants), []
 
 

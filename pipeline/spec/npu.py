@@ -85,3 +85,11 @@ def parse_abi(name: str, doc: NpuAbiDoc, where: str, problems: list) -> NpuAbi |
     tolerance = {p: getattr(doc.tolerance, p).spec().as_dict() for p in NPU_PRECISIONS}
     return NpuAbi(name=name, target_platform=doc.target_platform, precision=doc.precision,
                   tolerance=tolerance, run={"via": doc.run.via}, librknnrt=doc.runtime.librknnrt)
+
+
+class NpuModelDoc(Doc):
+    """A model's own settings for its NPU builds (model.yaml `npu:`)."""
+    budget_s: Annotated[int, Field(ge=1)] = None
+    """the most seconds one RKNN-Toolkit2 build of this model may take, instead of the budget
+    derived from the model's size and node count (rknn_compile.budget); past it the toolkit is
+    killed and the step fails"""

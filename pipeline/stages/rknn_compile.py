@@ -41,6 +41,7 @@ import platform
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,7 @@ from ..compilers.rknn_backend import RKNN, simulated_output
 from ..core.layout import golden_files, static_model
 from ..core.steps import StageConfig, Step, abi_step_name, where
 from ..core.store import canonical_json, pretty_json, sha256_file, sha256_text
-from ..core.tools import describe_exit, rknn_toolkit, run_tool, tail
+from ..core.tools import Budget, describe_exit, rknn_toolkit, run_tool, step_budget, tail
 from ..run import rknn_analysis, rknn_driver  # the child's sources: imported to count in the key
 from ..spec.npu import NPU_PRECISIONS
 from ..spec.variants import full_name, variant_inputs, variant_model, variant_preprocessing
@@ -65,6 +66,14 @@ ANALYSIS = "accuracy_analysis.json"   # int8: the toolkit's per-layer table (acc
 RECIPE = {"MALLOC_PERTURB_": "165", "PYTHONHASHSEED": "0", "LC_ALL": "C", "PATH": "/usr/bin:/bin",
           "OMP_NUM_THREADS": "1"}
 ALGORITHMS = ("normal", "mmse", "kl_divergence")
+# The time the toolkit may take for one step, from the static model's size and node count:
+# measured 9 s (ppocr_cls, 0.6 MB, 566 nodes) and 16 s (ppocr_det, 1.8 MB, 464 nodes) for fp16
+# here; the budget gives those ~20-40x, and stops a build the toolkit does not finish (a GRU
+# speech model ran past 11 minutes at 100% of a core) within minutes instead of an hour. An int8
+# step builds twice and runs the per-layer analysis: INT8_FACTOR times as long. A model spec
+# overrides it: `npu: {budget_s: N}` (spec/npu.py).
+BUDGET = {"base": 60, "per_mb": 30, "per_node": 0.5, "floor": 120, "ceiling": 1800}
+INT8_FACTOR = 3
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -87,6 +96,7 @@ class Config(StageConfig):
     preprocessing: dict | None = None   # int8: input name -> Preprocessing (calibration samples)
     calibration: Samples | None = None  # int8: the variant's calibration samples
     algorithm: str | None = None        # int8: RKNN's quantized_algorithm
+    budget_s: int | None = None         # the model spec's npu.budget_s (None: from the model, budget())
 
     def problems(self):
         if (self.compiler, self.backend) != (RKNN.name, "npu"):
@@ -99,6 +109,16 @@ class Config(StageConfig):
             yield f"an int8 build names its algorithm ({', '.join(ALGORITHMS)}), an fp16 one none"
         if self.n_outputs < 1:
             yield "the model must have an output"
+        if self.budget_s is not None and not (isinstance(self.budget_s, int) and self.budget_s >= 1):
+            yield f"budget_s must be a whole number of seconds, at least 1, got {self.budget_s!r}"
+
+    def as_key(self) -> dict:
+        """Every field; budget_s only when the spec sets it (the budget decides whether a build
+        is waited for, not what it makes: builds without one keep their keys)."""
+        key = super().as_key()
+        if self.budget_s is None:
+            del key["budget_s"]
+        return key
 
     @classmethod
     def from_key(cls, key: dict) -> "Config":
@@ -106,6 +126,39 @@ class Config(StageConfig):
 
 
 # ----------------------------------------------------------------------------- the stage
+def graph_nodes(path: Path) -> int:
+    """The nodes of an ONNX model, those of its subgraphs (If, Loop, Scan bodies) included."""
+    import onnx  # onnx: 0.3 s, not needed by doit list
+
+    def count(graph) -> int:
+        return sum(1 + sum(count(a.g) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+                   + sum(count(g) for a in n.attribute for g in a.graphs) for n in graph.node)
+    return count(onnx.load(str(path), load_external_data=False).graph)
+
+
+def budget(cfg: Config, model: Path) -> Budget:
+    """How long the toolkit may take for this step: the spec's npu.budget_s, or from the static
+    model's size and node count (BUDGET; an int8 step INT8_FACTOR times as long)."""
+    if cfg.budget_s is not None:
+        return step_budget(0, 0, **BUDGET, override=cfg.budget_s,
+                           override_from=f"the model spec, npu: {{budget_s: {cfg.budget_s}}}")
+    return step_budget(model.stat().st_size, graph_nodes(model), **BUDGET,
+                       factor=INT8_FACTOR if cfg.precision == "int8" else 1)
+
+
+def over_budget(ctx, cfg: Config, tk, limit: Budget, ran_s: float) -> Exception:
+    """The step's error when the toolkit ran past its budget (its process group was killed)."""
+    model, abi = ctx.step.where["model"], ctx.step.where["target"].split("/")[-1]
+    base = model.split(".")[0]
+    return ctx.error(
+        f"RKNN-Toolkit2 {tk.version} did not finish the {cfg.precision} build for "
+        f"{cfg.target_platform} within the step's budget of {limit.seconds} s ({limit.how}); "
+        f"stopped after {ran_s:.0f} s (the toolkit's processes were killed)", log=True,
+        hint=f"leave the model off the NPU in models/{base}/model.yaml (`skip: {{{abi}: <why>}}`), "
+             f"or, if it is known to need longer, raise its budget there (`npu: {{budget_s: "
+             f"{max(2 * limit.seconds, 60)}}}`)")
+
+
 def driver_argv(cfg: Config, root: Path, analysis: bool = False) -> list[str]:
     """The child's command line, all paths relative to its private root (pure: no toolchain).
     int8 runs the driver through rknn_analysis.py (analysis: with the toolkit's accuracy_analysis
@@ -241,11 +294,12 @@ def _stage_inputs(ctx, cfg: Config, root: Path) -> dict | None:
             "quantized_dtype": "w8a8", "sha256": sha256_text(canonical_json(files))}
 
 
-def _child(ctx, cfg: Config, tk, where: dict, analysis: bool = False
-           ) -> tuple[Path, dict | None, dict, dict]:
+def _child(ctx, cfg: Config, tk, where: dict, limit: Budget, deadline: float,
+           analysis: bool = False) -> tuple[Path, dict | None, dict, dict]:
     """One run of the driver in a fresh private root: (root, calibration, summary, messages);
-    analysis: the toolkit's accuracy_analysis too (root/analysis/). The caller removes the root;
-    a failure removes it and raises the step's error."""
+    analysis: the toolkit's accuracy_analysis too (root/analysis/). It is killed at `deadline`
+    (time.monotonic(): the step's budget, `limit`, shared by its runs). The caller removes the
+    root; a failure removes it and raises the step's error."""
     # A private root whose path has the same length every time (mkdtemp: 8 random characters).
     root = Path(tempfile.mkdtemp(prefix="rknn-", dir="/tmp"))
     try:
@@ -254,9 +308,13 @@ def _child(ctx, cfg: Config, tk, where: dict, analysis: bool = False
         if cfg.precision == "int8":
             shutil.copyfile(ANALYSER, root / "analysis.py")
         calibration = _stage_inputs(ctx, cfg, root)
+        started = time.monotonic()
         result = run_tool(driver_argv(cfg, root, analysis), log=ctx.log, what="RKNN-Toolkit2 build + simulator",
-                          cwd=root, env={**RECIPE, "HOME": str(root)}, check=False, timeout=3600,
+                          cwd=root, env={**RECIPE, "HOME": str(root)}, check=False,
+                          timeout=max(deadline - started, 0.1),
                           progress=f"{ctx.step.stage}:{ctx.step.name}", **where)
+        if result.timed_out:
+            raise over_budget(ctx, cfg, tk, limit, time.monotonic() - deadline + limit.seconds)
         messages = _messages(result.output)
         if result.returncode != 0:
             said = "\n".join("    " + l for l in messages["errors"][-10:]) or tail(result.output)
@@ -304,7 +362,10 @@ def run(ctx) -> None:
     cfg = ctx.cfg
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     tk = rknn_toolkit(**where)
-    root, calibration, summary, messages = _child(ctx, cfg, tk, where, cfg.precision == "int8")
+    limit = budget(cfg, ctx.input("model"))
+    deadline = time.monotonic() + limit.seconds
+    root, calibration, summary, messages = _child(ctx, cfg, tk, where, limit, deadline,
+                                                  cfg.precision == "int8")
     golden_inputs = [{"file": f"input_{i}.npy", "sha256": sha256_file(ctx.input(f"golden:input_{i}.npy"))}
                      for i in range(len(cfg.inputs))]
     analysis = None
@@ -322,7 +383,7 @@ def run(ctx) -> None:
         shutil.rmtree(root, ignore_errors=True)
     rebuilt = None
     if cfg.precision == "int8":  # int8 builds were seen to differ in a few bytes even with the
-        again, *_ = _child(ctx, cfg, tk, where)  # recipe: build again, and say what differs
+        again, *_ = _child(ctx, cfg, tk, where, limit, deadline)  # recipe: build again, say what differs
         try:
             a, b = ctx.output(RKNN.artifact).read_bytes(), (again / RKNN.artifact).read_bytes()
             same_sim = all(sha256_file(again / o["file"]) == o["sha256"] for o in sim_outputs)
@@ -388,7 +449,7 @@ def compile_step(layout, model, target, abi, precision: str | None = None, **int
     return Step(stage=RKNN.compile_stage, name=abi_step_name(model, target, abi), version=VERSION,
                 config=Config(**abi.compile_config(), precision=precision, entry=ENTRY,
                               librknnrt=abi.librknnrt, inputs=tuple(variant_inputs(model)),
-                              n_outputs=n_out, **int8),
+                              n_outputs=n_out, budget_s=model.npu.get("budget_s"), **int8),
                 inputs={"model": static_model(layout, model),
                         **{k: p for k, p in golden.items() if k.startswith("golden:input_")}},
                 outputs=outputs_of(n_out, precision),

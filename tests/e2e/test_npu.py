@@ -172,3 +172,68 @@ def test_runner_passes_the_npu_over_here_and_prefer_is_a_clear_error(npu_build):
     assert probs.shape == (1, 4)
     with pytest.raises(PipelineError, match="npu: this machine has no Rockchip NPU"):
         Runner.open(manifest, "cnn", prefer="npu")
+
+
+def _boxes_onnx(path):
+    """Conv -> Sigmoid -> x320: a detector's box output in pixels of a 320x320 input (0..320)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    scale = numpy_helper.from_array(np.array(320.0, np.float32), "scale")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["boxes"])],
+        "boxes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 4, 16, 16])],
+        initializer=[w, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString(deterministic=True))
+    return path
+
+
+@pytest.fixture(scope="module")
+def npu_only(tmp_path_factory):
+    """The NPU ABI alone (no aarch64 build): `boxes`, whose output is in pixels, and `slow`, given
+    a budget of 1 s (the toolkit takes longer than that to start)."""
+    from conftest import add_tiny_model, write_spec
+    _toolkit()
+    root = tmp_path_factory.mktemp("npu-only") / "ws"
+    ws = Workspace(root)
+    write_spec(ws.models / "boxes", "model.onnx", sha256(_boxes_onnx(ws.models / "boxes" / "model.onnx")))
+    slow = add_tiny_model(ws.models, "slow")
+    slow.write_text(slow.read_text() + "npu:\n  budget_s: 1\n")
+    targets = target_registry(root / "targets", lambda body: body.get("compiler") == "rknn")
+    return ws, ws.build("target=rk3588", f"targets={targets}", check=False)
+
+
+def test_fp16_tolerance_follows_the_outputs_magnitude_on_the_npu(npu_only):
+    """An output in 0..320 built fp16 is off by more than the ABI's absolute 0.1 (fp16 holds 0.25
+    at 320): held to 4 x eps(fp16) x its largest magnitude, it validates, the bounds recorded."""
+    ws, _ = npu_only
+    report = json.loads((ws.artifacts / "rk3588" / "boxes" / "npu" / "validate" / "validation.json")
+                        .read_text())
+    assert report["status"] == "passed" and report["arithmetic"] == "fp16"
+    assert report["tolerance"] == {"max_abs": 0.1, "mean_abs": 0.02, "cosine": 0.999}  # as declared
+    row = report["outputs"][0]
+    bound = row["tolerance"]
+    assert 200 < bound["golden_max_abs"] <= 320 and bound["eps"] == 2.0 ** -10 and bound["k"] == 4
+    assert bound["max_abs"] == pytest.approx(4 * 2.0 ** -10 * bound["golden_max_abs"])
+    assert 0.1 < row["max_abs"] <= bound["max_abs"]   # the declared 0.1 alone would have failed it
+    assert row["cosine"] >= 0.999
+
+
+def test_an_npu_build_past_its_budget_is_stopped_with_a_clear_line(npu_only):
+    ws, result = npu_only
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in out, out
+    line = next(l for l in out.splitlines() if "within the step's budget" in l)
+    assert line.startswith("modelyard: [model=slow target=rk3588/npu stage=rknn_compile] "
+                           "RKNN-Toolkit2 2.5.0 did not finish the fp16 build for rk3588 within "
+                           "the step's budget of 1 s (set by the model spec, npu: {budget_s: 1}); "
+                           "stopped after "), line
+    assert "next: leave the model off the NPU in models/slow/model.yaml (`skip: {npu: <why>}`), or, " \
+           "if it is known to need longer, raise its budget there (`npu: {budget_s: 60}`)" in out, out
+    assert not (ws.artifacts / "rk3588" / "slow" / "npu" / "rknn_compile").exists()
