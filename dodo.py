@@ -15,24 +15,26 @@
     doit bisect model=NAME target=T abi=A   the first node a build gets wrong, and a repro
     doit new source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [license=PATH]
                                     a new models/NAME/ (source copied, model.yaml written, checked)
-Variables: target=NAME (default: every known target), models=DIR (default models/),
-artifacts=DIR (default artifacts/), targets=DIR (default: the registry in pipeline/targets/),
-wait=0 (fail at once, instead of waiting, when another build holds the artifacts folder),
-cache=URL (a remote build cache: file://, http(s)://, s3://, gs://...; or $MODELYARD_CACHE)
-cache_push=1 (push what is built; pull-only otherwise) cache_pubkey=PATH cache_key=PATH
-cache_timeout=S, revalidate=1 (re-run validation here even when a cache has the result),
-executor=local|dask|auto scheduler=tcp://HOST:8786 (run the steps on a Dask cluster: docs/cluster.md).
-bench only: warmup=N iterations=N seconds=S threads=N baseline=PATH threshold=PCT gate=0|1.
-tune only: model=NAME tracker=HOST:PORT key=KEY (the TVM RPC board farm) emulated=1 pin=1|model
-curve=1 [points=0,25,50,100 rounds=N seconds=S warmup=N threads=N] (trials vs latency).
+Variables (name=value after the command): `doit help COMMAND` lists those it takes, from the
+one table in pipeline/core/variables.py; a name no command takes is refused.
 """
+import atexit
 import sys
 import threading
 import time
 
 from doit import create_after, get_var
 
-from pipeline.core import noop
+from pipeline.core import noop, reporter, variables
+
+sys.excepthook = reporter.excepthook  # Ctrl-C: one line naming the step, not a traceback
+
+# A variable no command takes is refused before anything else, the no-op fast path included
+# (doit ignores it: `modles=DIR` would answer for models/). The table: pipeline/core/variables.py.
+_UNKNOWN = variables.check(sys.argv[1:])
+if _UNKNOWN:
+    print(f"modelyard: {_UNKNOWN.render()}", file=sys.stderr)
+    raise SystemExit(2)
 
 # A no-op `doit build` answers from the last successful build's snapshot of its graph, when
 # nothing it was made from changed and doit's own check finds every step up to date
@@ -59,7 +61,8 @@ try:
                            target=get_var("target", None),
                            targets_dir=get_var("targets", None),
                            farm={"tracker": get_var("tracker", None), "key": get_var("key", None),
-                                 "emulated": get_var("emulated", "0") in ("1", "true", "yes")})
+                                 "emulated": get_var("emulated", "0") in ("1", "true", "yes")},
+                           need_models=variables.needs_models(sys.argv[1:]))
 except PipelineError as err:
     print(f"modelyard: {err.render()}", file=sys.stderr)
     raise SystemExit(2)
@@ -86,7 +89,9 @@ if flag("revalidate", get_var("revalidate", None)):
 DOIT_CONFIG = {
     "default_tasks": ["build"],
     "continue": True,  # a model that fails does not stop the others; the exit code is still non-zero
-    "dep_file": str(PROJECT.layout.doit_db),
+    # a read-only artifacts folder without doit's database: `doit list` and `info` read an empty one
+    "dep_file": (str(PROJECT.layout.doit_db) if lock.writable(PROJECT.layout.root)
+                 or PROJECT.layout.doit_db.exists() else ":memory:"),
     "backend": "sqlite3",
     "action_string_formatting": "new",
     # `-n N` runs N steps side by side, in threads of this process (each mostly waits on its
@@ -95,6 +100,7 @@ DOIT_CONFIG = {
     # the lavapipe runs, each alone; the rest as at -n 1: docs/measurements/2026-12-02-build-time.md).
     # executor=dask sets its own.
     "par_type": "thread",
+    "reporter": reporter.Reporter,  # a failure in its own words; what it held back in one line
 }
 
 
@@ -355,3 +361,9 @@ def task_cache():
     def action(pos):
         return doit_call(cache.command, PROJECT.layout.root, pos, get_var("budget", None))
     return {"actions": [action], "pos_arg": "pos", "uptodate": [False], "verbosity": 2}
+
+
+# `doit help TASK`: after doit's line, the variables the command takes (core/variables.py)
+_HELP = variables.help_topic(sys.argv[1:])
+if _HELP and (f"task_{_HELP}" in globals() or any(s.name == _HELP for s in STAGES)):
+    atexit.register(print, variables.help_text(_HELP))

@@ -11,6 +11,7 @@ never mistaken for another's; the lock holder removes what dead processes left (
 from __future__ import annotations
 
 import atexit
+import errno
 import fcntl
 import os
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 from .errors import PipelineError
 
 NAME = ".lock"
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 _held: dict[Path, int] = {}  # artifacts root -> fd of the held lock (kept open for the process)
 
 
@@ -37,9 +39,14 @@ def acquire(root: Path, wait: bool = True, poll: float = 0.2, say=None) -> None:
     root = Path(root).resolve()
     if root in _held:
         return
-    root.mkdir(parents=True, exist_ok=True)
     path = root / NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        if err.errno not in NOT_WRITABLE:
+            raise
+        raise not_writable(root, err) from None
     said = False
     while True:
         try:
@@ -63,6 +70,23 @@ def acquire(root: Path, wait: bool = True, poll: float = 0.2, say=None) -> None:
     _held[root] = fd
     sweep_scratch(root / ".tmp")
     atexit.register(shutil.rmtree, root / ".tmp" / str(os.getpid()), True)
+
+
+def not_writable(root: Path, err: OSError) -> PipelineError:
+    """The error for an artifacts folder this process cannot write (a read-only mount, another
+    user's folder): every command that builds writes there."""
+    return PipelineError(
+        f"cannot write to the artifacts folder {root} ({err.strerror})", stage="lock",
+        hint="give artifacts=DIR a folder you can write to, or make this one writable "
+             "(doit list and doit info only read it)")
+
+
+def writable(root: Path) -> bool:
+    """Whether this process may write in `root` (or create it): False on a read-only mount."""
+    root = Path(root).resolve()
+    while not root.exists() and root != root.parent:
+        root = root.parent
+    return os.access(root, os.W_OK)
 
 
 def release(root: Path) -> None:

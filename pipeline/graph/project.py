@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..compilers import iree_targets
-from ..core.errors import SpecError
+from ..core.errors import PipelineError, SpecError
 from ..core.layout import Layout
+from ..core.lock import writable
 from ..core.steps import Step
 from ..core.store import use_memo
 from ..spec import TARGETS_DIR, ModelSpec, TargetSpec, display, known_targets, load_models, load_target
@@ -36,14 +37,21 @@ class Project:
 
 
 def load_project(models: str | Path, artifacts: str | Path, target: str | None,
-                 targets_dir: str | Path | None = None, farm: dict | None = None) -> Project:
-    """Specs validated up front (all problems at once); target=None means every known target."""
+                 targets_dir: str | Path | None = None, farm: dict | None = None,
+                 need_models: bool = False) -> Project:
+    """Specs validated up front (all problems at once); target=None means every known target.
+    need_models: a models folder without a model is an error (dodo.py: for the commands that
+    read the models; not for `doit new`, `verify`...). A models folder that is missing, or is a
+    model's own folder, is one for every command."""
+    models_dir = model_folders(models, need_models)  # before anything is written
     layout = Layout(Path(artifacts).resolve())
-    use_memo(layout.cache / "hashes.json")
+    memo = layout.cache if writable(layout.root) else None  # read-only: memoise in memory only
+    if memo:
+        use_memo(memo / "hashes.json")
     targets_dir = Path(targets_dir).resolve() if targets_dir else TARGETS_DIR
     names = [target] if target else known_targets(targets_dir)
     targets = tuple(load_target(n, targets_dir) for n in names)
-    specs = load_models(Path(models).resolve(), memo_dir=layout.cache)
+    specs = load_models(models_dir, memo_dir=memo)
     problems = check_explicit(specs, targets) + check_skips(specs, targets_dir)
     loaded = {t.name for t in targets}
     wanted = sorted({p.split("/")[0] for t in targets for s in t.ship
@@ -59,6 +67,26 @@ def load_project(models: str | Path, artifacts: str | Path, target: str | None,
         print(f"modelyard: warning: {line}", file=sys.stderr)
     return Project(layout, specs, targets, proxies=proxies, farm=dict(farm or {}),
                    configs=configs, pinned_slots=pinned_slots)
+
+
+_MODELS_HINT = ("give models=DIR the folder that holds one folder per model (default models/), "
+                "or start one with doit new source=PATH name=NAME")
+
+
+def model_folders(models: str | Path, need_models: bool = False) -> Path:
+    """The models folder given, resolved: an error when it is missing, is itself a model's
+    folder (models=models/pitch for models=models) or, with need_models, holds no model."""
+    folder = Path(models).resolve()
+    if not folder.is_dir():
+        raise PipelineError(f"models={models}: no such folder ({folder})", stage="spec",
+                            hint=_MODELS_HINT)
+    none = f"no model folders ({display(folder)}/<name>/model.yaml) under {display(folder)}"
+    if (folder / "model.yaml").is_file():
+        raise PipelineError(f"{none}: this is a model folder: use models=its parent", stage="spec",
+                            hint=f"give models={display(folder.parent)}")
+    if need_models and not any(folder.glob("*/model.yaml")):
+        raise PipelineError(none, stage="spec", hint=_MODELS_HINT)
+    return folder
 
 
 def check_configs_from(targets, targets_dir: Path) -> list[str]:

@@ -12,10 +12,12 @@ has loaded (spec.model.load_model); an existing folder is never touched.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from ..core.errors import PipelineError
@@ -29,14 +31,16 @@ from ..spec.sources import source_files, source_format, source_sha256
 TOLERANCE = {"max_abs": "1.0e-4", "mean_abs": "1.0e-5", "cosine": "0.99999"}  # as YAML reads numbers
 INT_RANGE = (0, 9)      # integer inputs: small non-negative values (valid ids, indices, flags)
 FLOAT_RANGE = (0.0, 1.0)
-_SHAPE = re.compile(r"^(?P<name>[^:]+):(?P<dims>\d+(x\d+)*|)$")
+# the dims follow the last ':' (a TFLite input is often named like serving_default_x:0)
+_SHAPE = re.compile(r"^(?P<name>.+):(?P<dims>\d+(x\d+)*|)$")
 HINT = ("give the whole shape of an input, e.g. shape=x:1x3x224x224, or the value of a named "
         "dim, e.g. shape=sequence:576 (several shape= are allowed)")
 
 
 def parse_shapes(args: list[str]) -> dict[str, list[int]]:
     """['x:1x3x224x224', 'seq:16', 's:'] -> {'x': [1, 3, 224, 224], 'seq': [16], 's': []}; each
-    argument may also hold several, comma-separated."""
+    argument may also hold several, comma-separated. The name ends at the last ':'
+    ('serving_default_x:0:1x224x224x3': input 'serving_default_x:0')."""
     out = {}
     for arg in [a for item in args for a in item.split(",") if a]:
         m = _SHAPE.match(arg.strip())
@@ -57,7 +61,8 @@ def bind(inputs: list[dict], given: dict[str, list[int]]) -> tuple[dict, list[st
         if key not in names and key not in params:
             problems.append(f"shape={key}:...: the model has no input and no named dim {key!r} "
                             f"(inputs: {', '.join(sorted(names))}"
-                            + (f"; named dims: {', '.join(sorted(params))})" if params else ")"))
+                            + (f"; named dims: {', '.join(sorted(params))})" if params else ")")
+                            + _meant(key, dims, names))
         elif key not in names and len(dims) != 1:
             problems.append(f"shape={key}:...: {key!r} is a named dim: give one value")
     values = {k: v[0] for k, v in given.items() if k not in names and len(v) == 1}
@@ -100,6 +105,16 @@ def bind(inputs: list[dict], given: dict[str, list[int]]) -> tuple[dict, list[st
             problems.append(f"input {i['name']!r} {_text(dims)}: cannot bind {', '.join(open_)}")
         shapes[i["name"]] = bound
     return shapes, problems
+
+
+def _meant(key: str, dims: list[int], names: set[str]) -> str:
+    """A guess at the input meant, when a name holds ':' (shape=x:0 with input 'x:0' read as
+    input 'x', dims [0]), or is close to one."""
+    whole = f"{key}:{'x'.join(map(str, dims))}"
+    if whole in names:
+        return f": is {whole!r} the input? then give its shape after it: shape={whole}:1x..."
+    close = difflib.get_close_matches(key, sorted(names), n=1)
+    return f": did you mean {close[0]!r}?" if close else ""
 
 
 def _named(dim) -> bool:
@@ -169,6 +184,15 @@ def spec_text(name: str, source: Path, sha256: str, shapes: dict, dtypes: dict,
     lines += [f"tolerance:                 # what every artifact must match golden within{why}"]
     lines += [f"  {k}: {v}" for k, v in (tolerance or TOLERANCE).items()]
     return "\n".join(lines) + "\n"
+
+
+def no_license(name: str, folder: Path) -> str:
+    """The warning of a model written without a licence: a release ships each model's licence
+    files, and whoever ships it must know under which terms."""
+    return (f"warning: [model={name} stage=new] no licence given: {folder}/model.yaml lists "
+            f"none, so no release can say under which terms {name} may be shipped\n"
+            f"  next: copy its licence file into {folder}/ and add `license: FILE` to model.yaml "
+            f"(or run doit new again with license=PATH)")
 
 
 def new_model(source: str | None, name: str | None, shapes: list[str], license: str | None,
@@ -242,6 +266,8 @@ def new_model(source: str | None, name: str | None, shapes: list[str], license: 
             staging.parent.rmdir()
         except OSError:  # another `doit new` stages there too
             pass
+    if lic is None:
+        print(f"modelyard: {no_license(name, folder)}", file=sys.stderr)
     bound = "; ".join(f"{n} {dtype} {_text(s)}" for (n, s), dtype in
                       zip(shapes.items(), [i["dtype"] for i in inputs]))
     return (f"wrote {folder}/model.yaml (inputs: {bound}; sha256 {sha[:12]}...)\n"

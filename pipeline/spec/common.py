@@ -42,10 +42,44 @@ def display(path: Path) -> str:
 
 def read_yaml(path: Path, problems: list) -> Any:
     try:
-        return yaml.load(path.read_text(), Loader=_Loader)
-    except (OSError, yaml.YAMLError) as exc:
-        problems.append(f"{path}: cannot read YAML: {str(exc).splitlines()[0]}")
+        text = path.read_text()
+    except OSError as exc:
+        problems.append(f"{display(path)}: cannot read it ({exc.strerror})")
         return None
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        problems.append(yaml_problem(display(path), text, exc))
+        return None
+
+
+_YAML_WHY = (  # PyYAML's words for the usual slips, in the user's terms
+    ("mapping values are not allowed", "a ':' where no key may start: is the line indented deeper "
+                                       "than the key above it, or does a value need quotes?"),
+    ("expected <block end>", "the line's indentation matches no key above it"),
+    ("did not find expected key", "the line's indentation matches no key above it"),
+)
+
+
+def yaml_problem(where: str, text: str, exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as one problem: file, line and column (1-based, as editors count),
+    what the parser found or expected there, the line itself, and the construct it was reading."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return f"{where}: cannot read YAML: {' '.join(str(exc).split())}"
+    lines = text.splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    shown = line.strip() if len(line.strip()) <= 60 else line.strip()[:57] + "..."
+    found = f" at {shown!r}" if shown else " at the end of the file"
+    if "\t" in line[:mark.column + 1] and "cannot start any token" in problem:
+        problem += " (a tab: YAML indents with spaces)"
+    problem += next((f" ({why})" for start, why in _YAML_WHY if problem.startswith(start)), "")
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    since = (f" ({context}, from line {cmark.line + 1}, column {cmark.column + 1})"
+             if context and cmark is not None and (cmark.line, cmark.column) != (mark.line, mark.column)
+             else f" ({context})" if context else "")
+    return (f"{where}: line {mark.line + 1}, column {mark.column + 1}: YAML syntax: {problem}"
+            f"{found}{since}")
 
 
 # ----------------------------------------------------------------------------- paths
