@@ -1,7 +1,7 @@
 """What a command prints as its steps run (DOIT_CONFIG["reporter"]), and on Ctrl-C.
 
-doit's console reporter, but a step's failure is its PipelineError paragraph (`modelyard: [model=
-... stage=...] what` / `log:` / `next:`) rather than `TaskFailed - taskid:...`, and the steps a
+doit's console reporter, but a step's failure is its PipelineError paragraph (`[model=... stage=
+...] what` / `log:` / `next:`) without doit's `TaskFailed - taskid:...` above it, and the steps a
 failure held back are one line at the end ("12 steps not run because static:ppocr_det failed")
 instead of one `UnmetDependency` paragraph each. A failure that carries a traceback (a bug, not
 a PipelineError) is printed as doit prints it.
@@ -57,7 +57,7 @@ class Reporter(ConsoleReporter):
         fail = result["exception"]
         if isinstance(fail, TaskFailed) and not fail.traceback:  # a PipelineError (core/steps.py)
             if write_exception:
-                self.write(f"modelyard: {fail.message.rstrip()}\n")
+                self.write(f"{fail.message.rstrip()}\n")
             return
         super()._write_failure(result, write_exception)
 

@@ -153,7 +153,7 @@ def test_a_failed_step_then_one_line_for_the_steps_it_held_back(workspace):
     result = workspace.build("target=host", check=False)
     assert result.returncode != 0
     out = result.stdout + result.stderr
-    assert "modelyard: [model=broken stage=golden] onnxruntime cannot run the source model" in result.stdout
+    assert "\n[model=broken stage=golden] onnxruntime cannot run the source model" in result.stdout
     last = result.stdout.rstrip().splitlines()[-1]  # static, coverage, compiles, ..., manifest
     assert re.fullmatch(r"modelyard: \d+ steps not run because golden:broken failed", last), last
     for noise in ("UnmetDependency", "taskid:", "<stdout>:", "#####", "Traceback"):

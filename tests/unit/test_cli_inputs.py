@@ -203,7 +203,7 @@ def test_a_failure_then_one_line_for_what_it_held_back():
     rep.add_failure(_task("_snapshot"), UnmetDependency("coverage"))  # private
     rep.add_failure(_task("validate:host/m/cpu"), UnmetDependency("coverage:host/m static:m"))
     rep.complete_run()
-    assert out.getvalue() == ("modelyard: [model=m stage=golden] it broke\n  next: fix it\n"
+    assert out.getvalue() == ("[model=m stage=golden] it broke\n  next: fix it\n"
                               "modelyard: 3 steps not run because golden:m failed\n")
 
 
