@@ -19,6 +19,7 @@ Variables (name=value after the command): `doit help COMMAND` lists those it tak
 one table in pipeline/core/variables.py; a name no command takes is refused.
 """
 import atexit
+import functools
 import sys
 import threading
 import time
@@ -261,7 +262,8 @@ def task_release():
     """sign and bundle target=NAME's artifacts as version=X.Y.Z (key=PATH or $MODELYARD_SIGNING_KEY)"""
     target = get_var("target", None)
     with_runtime = get_var("runtime", "1") not in ("0", "false", "no")  # the C runtime (docs/runtime.md)
-    return {"actions": [(doit_call, [release.run, PROJECT, target, get_var("version", None),
+    run = functools.partial(release.run, formats=get_var("format", None))  # tar,deb: release/deb.py
+    return {"actions": [(doit_call, [run, PROJECT, target, get_var("version", None),
                                      get_var("key", None), with_runtime])],
             "task_dep": (["manifest"] + (["runtime"] if with_runtime else [])) if target else [],
             "uptodate": [False], "verbosity": 2}

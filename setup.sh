@@ -8,7 +8,9 @@
 #   4. an aarch64 Python (Debian arm64 packages, unpacked: no dpkg state is touched) with the
 #      aarch64 TVM wheel of the same version, in .tools/: runs TVM artifacts and the TVM RPC
 #      server under qemu-user;
-#   5. RKNN-Toolkit2 (the RK3588 NPU's converter and simulator) in its own venv, .tools/rknn-venv.
+#   5. RKNN-Toolkit2 (the RK3588 NPU's converter and simulator) in its own venv, .tools/rknn-venv;
+#   6. binfmt_misc with qemu-aarch64 registered (flag F), so that arm64 programs run directly and
+#      inside an arm64 root filesystem (mmdebstrap, chroot): the Debian package test.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -19,7 +21,8 @@ APT_PACKAGES=(qemu-user-static libc6-arm64-cross libstdc++6-arm64-cross libgcc-s
               mesa-vulkan-drivers libvulkan1 vulkan-tools unzip chromium
               gcc-aarch64-linux-gnu g++-aarch64-linux-gnu   # TVM cross-compiles aarch64 .so files
               nginx    # the remote cache tests' server: Debian's nginx has WebDAV PUT built in
-              patch pkg-config)  # the C runtime: the upstream IREE fix applied at build time; its .pc file tested
+              patch pkg-config   # the C runtime: the upstream IREE fix applied at build time; its .pc file tested
+              mmdebstrap arch-test lintian)  # the .deb test: an arm64 Debian root filesystem; lintian on the packages
 PYTHON=${PYTHON:-}
 if [ -z "$PYTHON" ]; then
   for candidate in python3.11 python3.12 python3.10 python3; do
@@ -140,6 +143,30 @@ if [ "$(cat "$rknn_venv/.modelyard-installed" 2>/dev/null)" != "$rknn_want" ]; t
     "$rknn_venv/bin/python" -c 'from rknn.api import RKNN'; } >"$rlog" 2>&1 ||
     { tail -40 "$rlog" >&2; echo "setup: RKNN-Toolkit2 install failed; full log: $rlog" >&2; exit 1; }
   echo "$rknn_want" > "$rknn_venv/.modelyard-installed"
+fi
+
+# --- 6. binfmt_misc: arm64 programs run directly, in chroots too (tests/e2e/test_debian_packages.py) --
+# qemu-user-static ships the registration line (/usr/lib/binfmt.d/qemu-aarch64.conf, flags OPF:
+# F opens the interpreter now, so it works inside a chroot that has no qemu). Machines without
+# systemd-binfmt (containers) neither mount binfmt_misc nor register it: done here, idempotently.
+binfmt=/proc/sys/fs/binfmt_misc
+binfmt_conf=/usr/lib/binfmt.d/qemu-aarch64.conf
+binfmt_help="the Debian package test (tests/e2e/test_debian_packages.py) needs it: run setup.sh as root on a machine (or a --privileged container) that allows it, or register it on the host"
+if [ ! -e "$binfmt/qemu-aarch64" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  if [ ! -e "$binfmt/register" ] &&
+     ! $SUDO mount -t binfmt_misc binfmt_misc "$binfmt" 2>/tmp/modelyard-binfmt.err; then
+    say "WARNING: cannot mount binfmt_misc at $binfmt ($(cat /tmp/modelyard-binfmt.err 2>/dev/null)); $binfmt_help"
+  elif [ ! -f "$binfmt_conf" ]; then
+    say "WARNING: $binfmt_conf is missing (qemu-user-static without binfmt.d?); $binfmt_help"
+  elif ! grep -v '^#' "$binfmt_conf" | $SUDO tee "$binfmt/register" >/dev/null 2>/tmp/modelyard-binfmt.err; then
+    say "WARNING: cannot register qemu-aarch64 with binfmt_misc ($(cat /tmp/modelyard-binfmt.err 2>/dev/null)); $binfmt_help"
+  else
+    say "registered qemu-aarch64 with binfmt_misc (flags $(sed -n 's/^flags: //p' "$binfmt/qemu-aarch64"))"
+  fi
+fi
+if [ -e "$binfmt/qemu-aarch64" ] && ! grep -q '^flags: .*F' "$binfmt/qemu-aarch64"; then
+  say "WARNING: qemu-aarch64 is registered with binfmt_misc without flag F: chroots into an arm64 root filesystem fail; remove it (echo -1 > $binfmt/qemu-aarch64) and run setup.sh again"
 fi
 
 say "ready: $(.venv/bin/python --version), iree $version, tvm $tvm_version, rknn-toolkit2 ${RKNN_PINS[0]#*==}, $(qemu-aarch64-static --version | head -1)"

@@ -6,6 +6,7 @@
       <target>/<model>/<stage>/        per target and model: coverage, choose
       <target>/manifest.json           what ships for the target, each file with its sha256
       releases/<target>/<version>/     signed, immutable release bundles (see release.py)
+      packages/<target>/<version>/     Debian packages cut from a release, signed list (deb.py)
       <target>/<model>/<abi>/bench/<sha256>.json   `doit bench` result for that artifact (measured,
                                        not built: rewritten on every bench run)
       <target>/bench.json, report.html the last bench run of the target: summary and report
@@ -66,6 +67,10 @@ class Layout:
 
     def release(self, target: str, version: str) -> Path:
         return self.root / "releases" / target / version
+
+    def packages(self, target: str, version: str) -> Path:
+        """Debian packages of a release (`doit release format=deb`, release/deb.py)."""
+        return self.root / "packages" / target / version
 
     def scratch(self, stage: str, name: str) -> Path:
         """Where a stage writes before publishing by rename (same file system as its outputs);

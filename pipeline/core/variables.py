@@ -67,8 +67,6 @@ VARIABLES = (
               "trials vs latency, measured at these trial counts"),
     Variables("version=SEMVER key=PATH runtime=0", ("release",), "the version (immutable once "
               "released); the private key (or $MODELYARD_SIGNING_KEY); runtime=0: without the C runtime"),
-    Variables("format=tar,deb", ("release",), "what to make of the release: tar (default) the "
-              "signed bundle, deb Debian packages in artifacts/packages/ (docs/packages.md), or both"),
     Variables("format=tar,deb drop=NAME,NAME", ("release",), "tar (the default) publishes the "
               "bundle, deb cuts Debian packages; the models the previous release shipped that "
               "this one may lack"),

@@ -40,7 +40,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from . import provenance
+from . import deb, provenance
 
 from . import signing
 from ..compilers.backends import backend_for
@@ -82,14 +82,17 @@ def source_date_epoch(**where) -> int:
 
 
 def run(project, target: str | None, version: str | None, key: str | None,
-        with_runtime: bool = True) -> str:
+        with_runtime: bool = True, *, formats: str | None = None) -> str:
     """Build (or confirm) artifacts/releases/<target>/<version>/; returns a summary.
-    with_runtime: ship the C runtime (stage `runtime`) and the golden test vectors (runtime=0: not)."""
+    with_runtime: ship the C runtime (stage `runtime`) and the golden test vectors (runtime=0: not).
+    formats: `format=tar,deb`: tar (the default) publishes the bundle; deb cuts Debian packages
+    from the same staged release into artifacts/packages/ (deb.py), alone: without publishing it."""
     where = {"stage": "release", "target": target}
     if not target:
         raise PipelineError("a release is for one target: say target=NAME", stage="release",
                             hint=f"known targets: {', '.join(t.name for t in project.targets)}")
     check_version(version, **where)
+    kinds = deb.formats(formats, with_runtime, **where)
     private_key = signing.load_private_key(key, **where)
     epoch = source_date_epoch(**where)
     (spec,) = [t for t in project.targets if t.name == target]
@@ -139,9 +142,14 @@ def run(project, target: str | None, version: str | None, key: str | None,
         final = project.layout.release(target, version)
         if final.exists():
             return _unchanged(final, (scratch / MANIFEST).read_bytes(), manifest,
-                              private_key.public_key(), **where)
+                              private_key.public_key(), **where) + (
+                "\n" + deb.run(project.layout, final, private_key, **where) if "deb" in kinds else "")
+        if "tar" not in kinds:  # format=deb: the packages alone, cut from the staged release
+            return f"{target} {version}: the bundle was not published (format=deb)\n" + \
+                deb.run(project.layout, scratch, private_key, **where)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(scratch, final)
+        packages = "\n" + deb.run(project.layout, final, private_key, **where) if "deb" in kinds else ""
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(project.layout.scratch("release", f"runtime-{target}"), ignore_errors=True)
@@ -149,7 +157,7 @@ def run(project, target: str | None, version: str | None, key: str | None,
     return (f"released {target} {version} -> {final}\n"
             f"  archive {archive.name}: sha256 {archive_sha} ({archive_size} bytes)\n"
             f"  {len(manifest['files'])} files in the signed manifest; key "
-            f"{signing.key_id(private_key.public_key())[:16]}; waivers: {waived}")
+            f"{signing.key_id(private_key.public_key())[:16]}; waivers: {waived}" + packages)
 
 
 def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list[dict]:

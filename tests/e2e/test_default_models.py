@@ -14,6 +14,8 @@ import subprocess
 
 from conftest import REPO, Workspace, ran, require_aarch64, sha256, target_registry
 from test_c_runtime import QEMU, shared_runtime
+from test_debian_packages import firmware_check, rebuilt_identical
+from pipeline.core.signing import load_public_key
 from pipeline.graph import load_project
 
 
@@ -77,11 +79,13 @@ def build_and_check(tmp_path, target: str, cpu: str, emulated: bool) -> None:
 def check_release_on_the_board(ws, targets, tmp_path):
     """The rk3588 bundle of the default models: its aarch64 modelyard-run --check, under qemu,
     on every CPU artifact it ships (the compiler choice ships one per model), against the
-    bundle's golden test vectors and recorded tolerance."""
+    bundle's golden test vectors and recorded tolerance; then the same release as Debian packages
+    in an arm64 Debian root filesystem (test_debian_packages.firmware_check: reuses this build)."""
     key = tmp_path / "key.pem"
     assert ws.doit("keygen", f"key={key}").returncode == 0
     shared_runtime(ws, "rk3588", targets)
-    r = ws.doit("release", "target=rk3588", "version=1.0.0", f"key={key}", f"targets={targets}")
+    r = ws.doit("release", "target=rk3588", "version=1.0.0", f"key={key}", f"targets={targets}",
+                "format=tar,deb")
     assert r.returncode == 0, r.stdout + r.stderr
     rel = ws.artifacts / "releases" / "rk3588" / "1.0.0"
     models = json.loads((rel / "release.json").read_text())["models"]
@@ -98,6 +102,10 @@ def check_release_on_the_board(ws, targets, tmp_path):
             assert r.stdout.count("PASS") == len(model["io"]["outputs"]), r.stdout
             checked.append(f"{name}/{abi}")
     assert len(checked) == 5, checked  # 4 models and the int8 variant, one CPU artifact each
+    packages = ws.artifacts / "packages" / "rk3588" / "1.0.0"
+    report = firmware_check(packages, load_public_key(f"{key}.pub"), tmp_path / "debian")
+    assert sorted(report["checked"]) == sorted(checked)
+    rebuilt_identical(rel, packages, key, tmp_path / "packages-again")
 
 
 def test_default_models_record_their_vulkan_decisions(tmp_path):
