@@ -481,3 +481,15 @@ def check_key_source(source: str | None, what: str) -> None:
         raise PipelineError(f"cannot read the {what} {source}", stage="cache",
                             hint="point the setting at a readable PEM file (`doit keygen key=PATH` "
                                  "makes a pair), or leave it unset")
+
+
+def check_url(url: str) -> None:
+    """Fail at configuration when no fsspec file system serves the URL's scheme (a typo such as
+    `htps://`, or a scheme nobody serves caches over): otherwise it would only surface when a
+    step first asks the remote, and a build with every step up to date would accept it."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
+    from fsspec.registry import known_implementations  # fsspec: 0.05 s, only with cache= set
+    if scheme not in known_implementations and scheme != "file":
+        raise PipelineError(f"cache={url}: no file system serves the scheme {scheme}://", stage="cache",
+                            hint="give a file:// folder, an http(s):// server, s3:// or gs:// "
+                                 "(docs/cache.md), or leave cache= unset")

@@ -194,6 +194,7 @@ def configure(artifacts_root: Path, url: str | None = None, push: bool = False,
         _stats.flush()
     url = url or None
     if url:
+        remote.check_url(url)
         remote.check_key_source(pubkey, "cache public key (cache_pubkey)")
         remote.check_key_source(signing_key, "cache signing key (cache_key)")
     _stats = remote.Stats(Path(artifacts_root) / remote.STATS_FILE,

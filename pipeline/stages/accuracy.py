@@ -404,7 +404,7 @@ def doit_report(layout, steps: list, only: str | None) -> str:
     """`doit accuracy [model=NAME]`: the gate and the layer table of each variant (of NAME:
     a model, or one model.variant); for int8, the worst layers of its NPU builds by RKNN's own
     analysis."""
-    if not steps:
+    if not steps and only is None:
         return "no model declares variants: (nothing to report)"
     shown = [s for s in steps if only in (None, s.name, s.name.split(".")[0])]
     if not shown:

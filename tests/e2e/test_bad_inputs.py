@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -128,26 +129,31 @@ def _random_bytes(tmp: Path) -> bytes:
     return np.random.default_rng(7).integers(0, 256, 4096, dtype=np.uint8).tobytes()
 
 
-def _flip_bundle_byte(ws, tmp):
-    path = bundle(ws)
-    data = bytearray(path.read_bytes())
+def _flip_bundle_byte(ws, tmp) -> Path:
+    """a copy of the released bundle with one byte flipped"""
+    data = bytearray(bundle(ws).read_bytes())
     data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
+    out = tmp / bundle(ws).name
+    out.write_bytes(bytes(data))
+    return out
 
 
-def _edit_signed_manifest(ws, tmp):
-    """rewrite the bundle with release.json edited (a model's sha256 changed), signature kept."""
+def _edit_signed_manifest(ws, tmp) -> Path:
+    """a copy of the released bundle whose signed manifest.json was edited (its version), its
+    signature kept."""
     path = bundle(ws)
     with tarfile.open(path) as tar:
         members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
     out = tmp / "edited.tar.gz"
     with tarfile.open(out, "w:gz") as tar:
         for member, data in members:
-            if member.name.endswith("release.json"):
-                data = data.replace(b'"version": "1.0.0"', b'"version": "1.0.1"')
+            if member.name.endswith("/manifest.json"):
+                edited = re.sub(rb'("version":\s*)"1\.0\.0"', rb'\1"1.0.1"', data)
+                assert edited != data, data[:300]
+                data = edited
                 member.size = len(data)
-            tar.addfile(member, None if data is None else __import__("io").BytesIO(data))
-    shutil.copyfile(out, path)
+            tar.addfile(member, None if data is None else io.BytesIO(data))
+    return out
 
 
 def _hold_lock(ws, tmp):
@@ -193,10 +199,10 @@ ROWS = [
     Row("unknown-target", _doit("build", "target=rk3599"), r"rk3599.*(known|unknown).*host"),
     Row("unknown-abi-bisect", _doit("bisect", "model=alpha", "target=host", "abi=cpu-x86-64"),
         r"cpu-x86-64.*cpu-x86_64"),
-    Row("unknown-model-accuracy", _doit("accuracy", "model=alfa"), r"alfa.*alpha"),
+    Row("unknown-model-accuracy", _doit("accuracy", "model=alfa"), r"no variant named 'alfa'"),
     Row("bad-threads", _doit("bench", "target=host", "threads=many"), r"threads.*many"),
-    Row("bad-cache-url", _doit("build", "target=host", "cache=ftp://example.org/x"),
-        r"ftp://.*(scheme|file://|http)"),
+    Row("bad-cache-url", _doit("build", "target=host", "cache=gopher://example.org/x"),
+        r"cache=gopher://.*no file system serves the scheme"),
     Row("bad-executor", _doit("build", "target=host", "executor=spark"), r"spark.*(local|dask)"),
     Row("broken-target-registry", lambda ws, tmp: _bad_target_registry(ws, tmp) or
         ["doit", "build", "target=host", f"targets={tmp / 'targets'}"], r"host\.yaml.*line \d+"),
@@ -221,9 +227,9 @@ ROWS = [
                                        "target=host"), r"cpu-x86-64.*cpu-x86_64"),
     # the model's bytes: one model's failure, told once, the others untouched
     Row("truncated-model", _with(_new_model(_truncated), "build", "target=host"),
-        r"beta.*(import|static)"),
+        r"beta/model\.yaml: source\.path: model\.onnx is not a readable ONNX model"),
     Row("random-bytes-model", _with(_new_model(_random_bytes), "build", "target=host"),
-        r"beta.*(import|static)"),
+        r"beta/model\.yaml: source\.path: model\.onnx is not a readable ONNX model"),
     # doit new
     Row("new-missing-source", _doit("new", "source=nothing.onnx", "name=gamma"), r"nothing\.onnx"),
     Row("new-existing-name", lambda ws, tmp: ["doit", "new", f"source={ws.models / 'alpha' / 'model.onnx'}",
@@ -238,17 +244,17 @@ ROWS = [
         r"key"),
     Row("release-bad-version", lambda ws, tmp: ["doit", "release", "target=host", "version=1.1",
                                                 "runtime=0", f"key={key(ws)}"], r"1\.1.*(semver|SEMVER|MAJOR)"),
-    Row("release-never-built-target", lambda ws, tmp: ["doit", "release", "target=rk3588",
-                                                       "version=1.0.0", "runtime=0", f"key={key(ws)}"],
-        r"rk3588.*(manifest|build)"),
+    Row("release-unknown-format", lambda ws, tmp: ["doit", "release", "target=host", "version=1.1.0",
+                                                   "runtime=0", f"key={key(ws)}", "format=zip"],
+        r"format.*zip"),
     Row("release-same-version-other-key", lambda ws, tmp: _keygen(ws, tmp) and
         ["doit", "release", "target=host", "version=1.0.0", "runtime=0", f"key={tmp / 'other.key'}"],
         r"1\.0\.0"),
-    Row("verify-flipped-byte", lambda ws, tmp: _flip_bundle_byte(ws, tmp) or
-        ["doit", "verify", f"bundle={bundle(ws)}", f"pubkey={pubkey(ws)}"],
+    Row("verify-flipped-byte", lambda ws, tmp: ["doit", "verify", f"bundle={_flip_bundle_byte(ws, tmp)}",
+                                                f"pubkey={pubkey(ws)}"],
         r"(damaged|corrupt|sha256|CRC|truncated|Error -3)"),
-    Row("verify-edited-manifest", lambda ws, tmp: _edit_signed_manifest(ws, tmp) or
-        ["doit", "verify", f"bundle={bundle(ws)}", f"pubkey={pubkey(ws)}"], r"signature"),
+    Row("verify-edited-manifest", lambda ws, tmp: ["doit", "verify", f"bundle={_edit_signed_manifest(ws, tmp)}",
+                                                   f"pubkey={pubkey(ws)}"], r"signature"),
     Row("verify-wrong-key", lambda ws, tmp: _keygen(ws, tmp) and
         ["doit", "verify", f"bundle={bundle(ws)}", f"pubkey={tmp / 'other.key.pub'}"],
         r"(signed by|key)"),
