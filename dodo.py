@@ -264,7 +264,7 @@ def task_release():
     with_runtime = get_var("runtime", "1") not in ("0", "false", "no")  # the C runtime (docs/runtime.md)
     run = functools.partial(release.run, formats=get_var("format", None))  # tar,deb: release/deb.py
     return {"actions": [(doit_call, [run, PROJECT, target, get_var("version", None),
-                                     get_var("key", None), with_runtime])],
+                                     get_var("key", None), with_runtime, get_var("drop", None)])],
             "task_dep": (["manifest"] + (["runtime"] if with_runtime else [])) if target else [],
             "uptodate": [False], "verbosity": 2}
 

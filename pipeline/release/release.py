@@ -23,10 +23,18 @@ through a twin build, the shipped bytes never ran) is refused unless its model s
 Precision variants (`<model>.<variant>` in the build manifest) ship like models: the build
 manifest lists only variants that passed their accuracy gate; they share their model's spec
 (waivers, I/O contract) and licenses, and release.json says what they are a variant of.
+Never emptier than meant: a build manifest with no model to ship is refused; so is a release
+that lacks a model the previous version of the target (the highest lower semver in releases/)
+shipped, unless `drop=NAME[,NAME...]` names each model it drops (an unknown name is refused
+too); release.json then records them under `dropped`. A model shipped without a license file
+(`licenses: []`) is named in a warning.
 Reproducible: sorted entries, mtimes = SOURCE_DATE_EPOCH (default DEFAULT_EPOCH, never the
-clock), owner 0/0 with no names, mode 0644, no gzip name or timestamp; Ed25519 signatures are
-deterministic. Immutable: an existing version is never rewritten; the same content is a no-op,
-once the existing bundle verifies against the signing key's public half (see _unchanged).
+clock), owner 0/0 with no names, mode EXECUTABLE (0755) for the C runtime's programs (as the
+runtime stage packed them) and REGULAR (0644) for every other file, in the release folder and
+in the archive alike (members(): one Member per file, its mode included, for every writer of a
+package); no gzip name or timestamp; Ed25519 signatures are deterministic.
+Immutable: an existing version is never rewritten; the same content is a no-op, once the
+existing bundle verifies against the signing key's public half (see _unchanged).
 Atomic: everything is written in a scratch folder renamed into releases/ at the very end.
 """
 from __future__ import annotations
@@ -37,8 +45,10 @@ import json
 import os
 import re
 import shutil
+import sys
 import tarfile
 from pathlib import Path
+from typing import NamedTuple
 
 from . import deb, provenance
 
@@ -61,6 +71,23 @@ SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
                     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z: a constant, so that no clock reaches the archive
 NOT_DECLARED = "not declared in the model spec"
+EXECUTABLE, REGULAR = 0o755, 0o644  # the only two modes a bundle's files have
+
+
+class Ship(NamedTuple):
+    """A file plan() or runtime_bundle() puts into the bundle: where it comes from, the sha256
+    its validation saw (None: not validated, e.g. a license) and its mode in the bundle."""
+    source: Path
+    sha256: str | None
+    mode: int = REGULAR
+
+
+class Member(NamedTuple):
+    """One file of a staged bundle as a package writer needs it: its path inside the bundle,
+    the staged file and its mode (EXECUTABLE or REGULAR)."""
+    name: str
+    path: Path
+    mode: int
 
 
 def check_version(version: str | None, **where) -> str:
@@ -69,6 +96,15 @@ def check_version(version: str | None, **where) -> str:
                             f"e.g. 1.4.0 or 2.0.0-rc.1)", **where,
                             hint="say version=X.Y.Z, without a leading v or leading zeros")
     return version
+
+
+def precedence(version: str) -> tuple:
+    """A sort key of a semantic version by semver.org's precedence (build metadata ignored; a
+    pre-release below its release; numeric identifiers below alphanumeric ones)."""
+    m = SEMVER.match(version)
+    pre = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in m[4].split(".")) \
+        if m[4] else ()
+    return int(m[1]), int(m[2]), int(m[3]), 0 if pre else 1, pre
 
 
 def source_date_epoch(**where) -> int:
@@ -82,9 +118,11 @@ def source_date_epoch(**where) -> int:
 
 
 def run(project, target: str | None, version: str | None, key: str | None,
-        with_runtime: bool = True, *, formats: str | None = None) -> str:
+        with_runtime: bool = True, drop: str | None = None, *, formats: str | None = None) -> str:
     """Build (or confirm) artifacts/releases/<target>/<version>/; returns a summary.
     with_runtime: ship the C runtime (stage `runtime`) and the golden test vectors (runtime=0: not).
+    drop: `drop=NAME,NAME` of doit release, the models the previous release of the target shipped
+    that this one may lack (check_dropped); any other dropped model refuses the release.
     formats: `format=tar,deb`: tar (the default) publishes the bundle; deb cuts Debian packages
     from the same staged release into artifacts/packages/ (deb.py), alone: without publishing it."""
     where = {"stage": "release", "target": target}
@@ -102,6 +140,16 @@ def run(project, target: str | None, version: str | None, key: str | None,
                             hint=f"run `doit build target={target}` first (it failed, or never ran)")
     build = json.loads(build_path.read_text())
     ship, doc, waivers = plan(project, spec, build, **where)
+    if not shipped_models(doc):
+        raise PipelineError(
+            f"the build manifest {build_path} lists no model with an artifact to ship: a release "
+            f"of {target} would hold no model; nothing was released", **where,
+            hint=f"build the models first (`doit build target={target}`), and check models=DIR: "
+                 f"the folder of model folders (default models/)")
+    dropped = check_dropped(project.layout, version, doc, drop, **where)
+    for line in warnings_for(doc):
+        print(f"modelyard: warning: [target={target} stage=release] {line}", file=sys.stderr,
+              flush=True)
     runtime_files = runtime_bundle(project, spec, doc, ship, **where) if with_runtime else []
     if not with_runtime:
         doc["runtime"] = {"status": "not included (doit release runtime=0)"}
@@ -157,7 +205,74 @@ def run(project, target: str | None, version: str | None, key: str | None,
     return (f"released {target} {version} -> {final}\n"
             f"  archive {archive.name}: sha256 {archive_sha} ({archive_size} bytes)\n"
             f"  {len(manifest['files'])} files in the signed manifest; key "
-            f"{signing.key_id(private_key.public_key())[:16]}; waivers: {waived}" + packages)
+            f"{signing.key_id(private_key.public_key())[:16]}; waivers: {waived}"
+            + (f"\n  dropped since {dropped['previous']} (drop=): {', '.join(dropped['models'])}"
+               if dropped else "") + packages)
+
+
+def shipped_models(doc: dict) -> set[str]:
+    """The models (and variants) of a release.json that ship at least one artifact."""
+    return {name for name, entry in doc.get("models", {}).items() if entry.get("artifacts")}
+
+
+def previous_release(layout, target: str, version: str) -> tuple[str, Path] | None:
+    """(version, folder) of the target's release of the highest precedence below `version`."""
+    folder = layout.release(target, version).parent
+    older = [p for p in folder.iterdir() if SEMVER.match(p.name) and (p / "release.json").is_file()
+             and precedence(p.name) < precedence(version)] if folder.is_dir() else []
+    if not older:
+        return None
+    last = max(older, key=lambda p: precedence(p.name))
+    return last.name, last
+
+
+def check_dropped(layout, version: str, doc: dict, drop: str | None, *, target: str,
+                  **where) -> dict | None:
+    """Refuse a release that lacks a model (or variant) the previous release of the target
+    shipped, unless drop= names it; record the dropped ones in release.json (`dropped`).
+    Returns that record, or None when nothing was dropped."""
+    where = {"target": target, **where}
+    confirmed = {n.strip() for n in (drop or "").split(",") if n.strip()}
+    previous = previous_release(layout, target, version)
+    before = set()
+    if previous is not None:
+        try:
+            before = shipped_models(json.loads((previous[1] / "release.json").read_text()))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise PipelineError(f"cannot read the previous release {previous[1] / 'release.json'} "
+                                f"to see which models it shipped ({exc})", **where,
+                                hint="releases are immutable: restore that folder from a copy") \
+                from None
+    dropped = sorted(before - shipped_models(doc))
+    unknown = sorted(confirmed - set(dropped))
+    if unknown:
+        lacks = (f"{previous[0]} shipped and this one lacks: {', '.join(dropped) or 'none'}"
+                 if previous else f"no earlier release of {target}: nothing to drop")
+        raise PipelineError(f"drop={','.join(unknown)}: not a model this release drops (models the "
+                            f"previous release {lacks}); nothing was released", **where,
+                            hint="name in drop= only models the previous release shipped and "
+                                 "this one lacks (spelled as in its release.json)")
+    missing = [m for m in dropped if m not in confirmed]
+    if missing:
+        raise PipelineError(f"{version} would drop {len(missing)} model(s) that {previous[0]} "
+                            f"shipped: {', '.join(missing)}; nothing was released", **where,
+                            hint=f"build them (`doit build target={target}`; check models=DIR), "
+                                 f"or confirm that they go: drop={','.join(dropped)}")
+    if not dropped:
+        return None
+    doc["dropped"] = {"previous": previous[0], "models": dropped}
+    return doc["dropped"]
+
+
+def warnings_for(doc: dict) -> list[str]:
+    """What the release ships but should not ship silently: models without a license file."""
+    unlicensed = sorted({entry.get("variant_of", name) for name, entry in doc["models"].items()
+                         if not entry["licenses"] and entry["artifacts"]})
+    if not unlicensed:
+        return []
+    return [f"{len(unlicensed)} model(s) ship without a license file (licenses: [] in "
+            f"release.json): {', '.join(unlicensed)}; name each model's license under `license:` "
+            f"in its models/<model>/model.yaml"]
 
 
 def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list[dict]:
@@ -180,7 +295,9 @@ def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list
                 else f"runtime/{arch}/{name}"
             if dest in ship and name.startswith("include/"):
                 continue  # one header for every architecture
-            ship[dest] = (scratch / arch / name, built["files"][name]["sha256"])
+            unpacked = scratch / arch / name  # its mode as the runtime stage packed it (0755: bin/)
+            ship[dest] = Ship(unpacked, built["files"][name]["sha256"],
+                              EXECUTABLE if unpacked.stat().st_mode & 0o100 else REGULAR)
             if (name.startswith("lib/lib") and ".so" in name) or name.startswith("bin/"):
                 components.append({"path": dest, "sha256": built["files"][name]["sha256"], "arch": arch})
         doc["runtime"][arch] = {"lib": f"runtime/{arch}/lib", "bin": f"runtime/{arch}/bin/modelyard-run",
@@ -188,10 +305,10 @@ def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list
                                 "tvm_runtime": built["tvm_runtime"], "third_party": built["third_party"]}
         doc["runtime"]["third_party"] = built["third_party"]
     for lic in sorted((runtime.THIRD_PARTY / "licenses").iterdir()):
-        ship[f"runtime/licenses/{lic.name}"] = (lic, None)
+        ship[f"runtime/licenses/{lic.name}"] = Ship(lic, None)
     tvm_license = _tvm_license()
     if tvm_license is not None:
-        ship["runtime/licenses/apache-tvm-LICENSE"] = (tvm_license, None)
+        ship["runtime/licenses/apache-tvm-LICENSE"] = Ship(tvm_license, None)
     for name, entry in doc["models"].items():
         golden = project.layout.model_stage(name, "golden")
         if not (golden / "golden.json").is_file():
@@ -201,7 +318,7 @@ def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list
         for kind in ("inputs", "outputs"):
             entry["test_vectors"][kind] = [f"tests/{name}/{t['file']}" for t in vectors[kind]]
             for t in vectors[kind]:
-                ship[f"tests/{name}/{t['file']}"] = (golden / t["file"], None)
+                ship[f"tests/{name}/{t['file']}"] = Ship(golden / t["file"], None)
     return components
 
 
@@ -215,30 +332,34 @@ def _tvm_license() -> Path | None:
 
 
 def _stage(scratch: Path, ship: dict, written: dict, head: dict, private_key, **where) -> dict:
-    """Copy the shipped files (checking each artifact is the validated one), write the generated
-    ones, then the manifest listing them all and its signature; returns the manifest."""
-    for name, (source, expected) in sorted(ship.items()):
+    """Copy the shipped files with their modes (checking each artifact is the validated one),
+    write the generated ones (REGULAR), then the manifest listing them all and its signature;
+    returns the manifest. Every mode is set, never left to the umask."""
+    for name, (source, expected, mode) in sorted(ship.items()):
         sha, _ = _copy(source, scratch / name)
-        if name.startswith("runtime/") and "/bin/" in name:
-            (scratch / name).chmod(0o755)  # modelyard-run (0755 in the archive too)
+        (scratch / name).chmod(mode)
         if expected and sha != expected:
             raise PipelineError(f"{source} changed after it was validated: sha256 {sha}, the "
                                 f"build manifest says {expected}", **where,
                                 hint=f"run `doit build target={where['target']}` again")
     for name, data in written.items():
         (scratch / name).write_bytes(data)
+        (scratch / name).chmod(REGULAR)
     files = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
     manifest = {**head, "files": {n: dict(zip(("sha256", "size"), file_digest(scratch / n)))
                                   for n in files}}
     data = pretty_json(manifest).encode()
     (scratch / MANIFEST).write_bytes(data)
     (scratch / SIGNATURE).write_text(pretty_json(signing.sign(private_key, data)))
+    for name in (MANIFEST, SIGNATURE):
+        (scratch / name).chmod(REGULAR)
     return manifest
 
 
 # ----------------------------------------------------------------------------- what ships
 def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
-    """(bundle path -> (source file, sha256 its validation saw or None), release.json, waivers).
+    """(bundle path -> Ship(source file, sha256 its validation saw or None, mode), release.json,
+    waivers).
 
     Refuses, listing every one, the artifacts that are neither validated nor waived.
     """
@@ -262,12 +383,12 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
                     continue
                 waivers.append(waiver)
             file = f"models/{name}/{abi}/{Path(art['path']).name}"
-            ship[file] = (project.layout.resolve(art["path"]), art["sha256"])
+            ship[file] = Ship(project.layout.resolve(art["path"]), art["sha256"])
             artifacts[abi] = _artifact(art, file, waiver, measured.get((name, abi, art["sha256"])))
         licenses = []
         for path in spec.licenses:
             licenses.append(f"licenses/{spec.name}/{path.name}")
-            ship[licenses[-1]] = (path, None)
+            ship[licenses[-1]] = Ship(path, None)
         models[name] = {"description": entry["description"], "source": entry["source"],
                         "licenses": licenses, "io": _contract(spec, entry["io"]),
                         "artifacts": artifacts,
@@ -374,18 +495,27 @@ def _copy(source: Path, dest: Path) -> tuple[str, int]:
         return digest(src, out)
 
 
+def members(folder: Path, names: list[str]) -> list[Member]:
+    """The files `names` of a staged bundle `folder`, sorted, each with its mode in any package:
+    EXECUTABLE if its staged file is executable by its owner (_stage set it from Ship.mode),
+    else REGULAR."""
+    return [Member(name, folder / name,
+                   EXECUTABLE if (folder / name).stat().st_mode & 0o100 else REGULAR)
+            for name in sorted(names)]
+
+
 def write_archive(folder: Path, names: list[str], root: str, epoch: int, out: Path) -> None:
-    """A byte-reproducible .tar.gz of `names` (paths under `folder`), all under `root`/."""
+    """A byte-reproducible .tar.gz of `names` (paths under `folder`), all under `root`/, each
+    with its mode (members())."""
     with open(out, "xb") as raw, \
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(names):
-            info = tarfile.TarInfo(f"{root}/{name}")
-            info.size = (folder / name).stat().st_size
-            executable = name.startswith("runtime/") and "/bin/" in name  # modelyard-run
+        for member in members(folder, names):
+            info = tarfile.TarInfo(f"{root}/{member.name}")
+            info.size = member.path.stat().st_size
             info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = \
-                epoch, 0o755 if executable else 0o644, 0, 0, "", ""
-            with open(folder / name, "rb") as f:
+                epoch, member.mode, 0, 0, "", ""
+            with open(member.path, "rb") as f:
                 tar.addfile(info, f)
 
 

@@ -15,7 +15,11 @@ once and naming its file:
   * in a release folder: the archive holds the same signed manifest, and the provenance is
     signed by the same key and names the archive's and the artifacts' sha256.
 An archive is read as a stream and never unpacked to be checked; `into=DIR` unpacks it after
-it passed, writing only under DIR (into a temporary folder renamed at the end).
+it passed, writing only under DIR (into a temporary folder renamed at the end), each file with
+its mode from the archive made safe (safe_mode: 0755 for the runtime's programs, 0644 for the
+rest; never setuid, setgid, sticky, group- or world-writable), so that the unpacked
+runtime/<arch>/bin/modelyard-run runs as it is. The mode is the archive header's, not signed
+by the manifest: an archive released with every member 0644 verifies and unpacks as 0644.
 """
 from __future__ import annotations
 
@@ -295,8 +299,16 @@ def _archive_problems(archive: Path, expected) -> tuple[dict | None, str | None,
     return doc, kid, problems
 
 
+def safe_mode(mode: int) -> int:
+    """The mode an unpacked file gets from its archive entry's `mode`: its permission bits without
+    setuid, setgid, sticky and group/other write, readable and writable by its owner (the rule
+    of Python's tarfile "data" filter): 0755 stays 0755, 0644 stays 0644, 04777 becomes 0755."""
+    return (mode & 0o755) | 0o600
+
+
 def extract(archive: Path, into: Path) -> Path:
-    """Unpack a verified archive under `into`; re-checks every file's sha256 while writing."""
+    """Unpack a verified archive under `into`, each file with safe_mode() of its entry's mode
+    (exactly that: the umask does not narrow it); re-checks every file's sha256 while writing."""
     try:
         with tarfile.open(archive, "r:gz") as tar:
             root = PurePosixPath(tar.next().name).parts[0]
@@ -321,6 +333,7 @@ def extract(archive: Path, into: Path) -> Path:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 with open(out, "xb") as sink:
                     files[name] = digest(tar.extractfile(member), sink)
+                    os.fchmod(sink.fileno(), safe_mode(member.mode))
         listed = json.loads((partial / MANIFEST).read_bytes())["files"]
         changed = [n for n, meta in listed.items() if files.get(n) != (meta["sha256"], meta["size"])]
         if changed:

@@ -147,6 +147,45 @@ def test_bundle_layout_sbom_and_verify(releases):
     assert mode == 0o755
 
 
+def test_board_flow_verify_unpack_run_with_no_chmod(releases, tmp_path):
+    """The documented board flow as a firmware engineer runs it: `doit verify bundle=<archive>
+    pubkey=... into=DIR`, then the unpacked modelyard-run --check on the unpacked release as it
+    was unpacked (no chmod): natively for the host bundle, under qemu-aarch64-static for
+    rk3588's. The program is 0755 and every other file 0644, in the unpacked folder as in the
+    release folder; an archive released with every member 0644 still verifies (and unpacks so)."""
+    ws, pub = releases["ws"], f"{releases['key']}.pub"
+    for target, arch in (("host", "x86_64"), ("rk3588", "aarch64")):
+        rel, root = releases[target], f"modelyard-{target}-1.0.0"
+        r = ws.doit("verify", f"bundle={rel / f'{root}.tar.gz'}", f"pubkey={pub}",
+                    f"into={tmp_path / target}")
+        assert r.returncode == 0 and f"unpacked into {tmp_path / target / root}" in r.stdout, \
+            r.stdout + r.stderr
+        unpacked = tmp_path / target / root
+        exe = json.loads((unpacked / "release.json").read_text())["runtime"][arch]["bin"]
+        modes = {p.relative_to(unpacked).as_posix(): p.stat().st_mode & 0o7777
+                 for p in unpacked.rglob("*") if p.is_file()}
+        programs = {n for n in modes if n.startswith(f"runtime/{arch}/bin/")}  # and the example
+        assert exe in programs and {n: m for n, m in modes.items() if m != 0o644} == \
+            {n: 0o755 for n in programs}
+        assert {n: rel.joinpath(n).stat().st_mode & 0o7777 for n in modes} == modes  # the folder
+        r = cli(unpacked, arch, "alpha", "--check", "--abi", f"cpu-{arch}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.startswith(f"chose cpu-{arch} ") and "PASS" in r.stdout and "FAIL" not in r.stdout
+
+    # released before modes were kept: every member 0644; it verifies, and unpacks as it says
+    old = tmp_path / "old.tar.gz"
+    with tarfile.open(releases["host"] / "modelyard-host-1.0.0.tar.gz") as src, \
+            tarfile.open(old, "w:gz") as tar:
+        for member in src:
+            data = src.extractfile(member)
+            member.mode = 0o644
+            tar.addfile(member, data)
+    r = ws.doit("verify", f"bundle={old}", f"pubkey={pub}", f"into={tmp_path / 'old'}")
+    assert r.returncode == 0 and "signed by the expected key" in r.stdout, r.stdout + r.stderr
+    exe = tmp_path / "old/modelyard-host-1.0.0/runtime/x86_64/bin/modelyard-run"
+    assert exe.stat().st_mode & 0o7777 == 0o644
+
+
 def hashlib_sha256(path: Path) -> str:
     import hashlib
     return hashlib.sha256(path.read_bytes()).hexdigest()

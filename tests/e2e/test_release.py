@@ -188,6 +188,11 @@ def test_verify_unpacks_a_good_archive_only_into_the_target_folder(released, tmp
     assert sorted(p.name for p in (tmp_path / "board").iterdir()) == ["modelyard-host-1.0.0"]
     assert (dest / VMFB).read_bytes() == (bundle / VMFB).read_bytes()
     assert "files match" in verify(dest, pubkey=f"{key}.pub")
+    # no program in a runtime=0 bundle: every file 0644 in the archive, the folder and unpacked
+    files = [p for p in dest.rglob("*") if p.is_file()]
+    assert {m.mode for m in members(archive)} == {0o644}
+    assert {p.stat().st_mode & 0o7777 for p in files} == {0o644}, [(p, oct(p.stat().st_mode)) for p in files]
+    assert {p.stat().st_mode & 0o7777 for p in bundle.rglob("*") if p.is_file()} == {0o644}
     with pytest.raises(PipelineError, match="already exists: nothing was unpacked"):
         verify(archive, pubkey=f"{key}.pub", into=tmp_path / "board")
 
@@ -478,3 +483,128 @@ def test_release_carries_the_bench_figures_of_the_released_bytes(released, tmp_p
     assert figures["status"] == "measured" and figures["n"] == 20
     assert 0 < figures["p50_ms"] <= figures["p90_ms"] <= figures["p99_ms"]
     assert figures["ratio_to_onnxruntime"] > 0 and figures["measured_on"]
+
+
+# ----------------------------------------------------------------------------- what verify says
+def headline(result) -> str:
+    """The first line of the error doit printed: '[where] what' (after any 'modelyard: ')."""
+    lines = [l.removeprefix("modelyard: ") for l in out(result).splitlines()]
+    return next((l for l in lines if l.startswith("[")), out(result))
+
+
+def test_each_verify_failure_is_one_clear_error(released, tmp_path):
+    """What a firmware engineer meets: a damaged download, a hand-edited manifest, the wrong key,
+    a wrong path. Each: exit status non-zero, one paragraph naming what failed, no traceback."""
+    ws, key, bundle = released
+    archive = bundle / "modelyard-host-1.0.0.tar.gz"
+    pub = f"{key}.pub"
+    other = tmp_path / "other-test-key.pem"
+    signing.generate(other)
+
+    def verify_cli(*args):
+        result = ws.doit("verify", *args)
+        assert result.returncode != 0 and "Traceback" not in out(result), out(result)
+        return result
+
+    # one byte flipped in the archive: in the compressed data, in the gzip trailer (CRC, size)
+    data = archive.read_bytes()
+    for offset in (len(data) // 2, len(data) - 6, len(data) - 2):
+        bad = tmp_path / f"flipped-{offset}.tar.gz"
+        bad.write_bytes(data)
+        flip_byte(bad, offset)
+        result = verify_cli(f"bundle={bad}", f"pubkey={pub}", f"into={tmp_path / 'board'}")
+        assert headline(result).startswith(f"[stage=verify] {bad}: the archive is truncated or "
+                                           f"damaged ("), out(result)
+        assert "  next: copy or download it again and compare its sha256 with the release's " \
+               "provenance" in out(result)
+        assert not (tmp_path / "board").exists()
+
+    # the signed manifest edited by hand (a size changed): the signature no longer matches
+    copy = tmp_path / "edited"
+    shutil.copytree(bundle, copy)
+    manifest = copy / "manifest.json"
+    size = (bundle / VMFB).stat().st_size
+    manifest.write_text(manifest.read_text().replace(f'"size": {size}', f'"size": {size + 1}', 1))
+    result = verify_cli(f"bundle={copy}", f"pubkey={pub}")
+    assert headline(result) == f"[target=host stage=verify] {copy} failed verification, 3 problem(s):"
+    problems = [l for l in out(result).splitlines() if l.startswith("  - ")]
+    sha = sha256(bundle / VMFB)
+    assert problems == [
+        "  - manifest.json: the signature of key "
+        f"{signing.key_id(signing.load_public_key(pub))[:16]} does not match the signed bytes",
+        f"  - {VMFB}: sha256 {sha} ({size} bytes) does not match the manifest's {sha} ({size + 1} "
+        f"bytes)",
+        "  - modelyard-host-1.0.0.tar.gz: holds another manifest than the folder's"], out(result)
+
+    # the wrong public key: another key's, a file that is no key, a file that is not there
+    result = verify_cli(f"bundle={archive}", f"pubkey={other}.pub")
+    assert headline(result) == f"[target=host stage=verify] {archive} failed verification, 1 problem(s):"
+    assert "  - manifest.json: signed by key " in out(result) and "not by the expected key" in out(result)
+    result = verify_cli(f"bundle={archive}", f"pubkey={bundle / 'release.json'}")
+    assert headline(result).startswith(f"[stage=verify] {bundle / 'release.json'} is not a PEM "
+                                       f"Ed25519 key: "), out(result)
+    result = verify_cli(f"bundle={archive}", f"pubkey={tmp_path / 'nowhere.pub'}")
+    assert headline(result) == (f"[stage=verify] cannot read the public key {tmp_path / 'nowhere.pub'}: "
+                                f"No such file or directory"), out(result)
+
+    # a bundle path that is not there
+    result = verify_cli(f"bundle={tmp_path / 'nowhere.tar.gz'}", f"pubkey={pub}")
+    assert headline(result) == f"[stage=verify] no bundle at {tmp_path / 'nowhere.tar.gz'}"
+    assert "  next: give bundle=PATH: a release folder or its .tar.gz" in out(result)
+
+
+# ----------------------------------------------------------------------------- never emptier
+def test_a_manifest_with_no_model_is_refused(released, tmp_path):
+    """A build manifest that lists no model, or only models without an artifact for the target
+    (every ABI skipped): nothing to release, and the error says what to do."""
+    ws, key, _ = released
+    shutil.copytree(ws.models, tmp_path / "models")
+    shutil.copytree(ws.artifacts, tmp_path / "artifacts", ignore=shutil.ignore_patterns("releases"))
+    copy = Workspace(tmp_path)
+    build = tmp_path / "artifacts" / "host" / "manifest.json"
+    doc = json.loads(build.read_text())
+    for models in ({}, {"alpha": {**doc["models"]["alpha"], "artifacts": {}}}):
+        build.write_text(json.dumps({**doc, "models": models}))
+        with pytest.raises(PipelineError) as info:
+            release.run(project(copy), "host", "1.0.0", str(key), with_runtime=False)
+        assert info.value.render() == (
+            f"[target=host stage=release] the build manifest {build} lists no model with an "
+            f"artifact to ship: a release of host would hold no model; nothing was released\n"
+            f"  next: build the models first (`doit build target=host`), and check models=DIR: the "
+            f"folder of model folders (default models/)")
+    assert not (tmp_path / "artifacts" / "releases").exists()
+
+
+def test_a_model_the_previous_release_shipped_is_dropped_only_with_drop(released, tmp_path):
+    """1.0.5 (written here as an earlier release that also shipped `beta`) is the previous release
+    of 1.1.0: 1.1.0 lacks beta, so it is refused unless drop=beta says so; the model without a
+    license file is named in a warning."""
+    ws, key, bundle = released
+    shutil.copytree(ws.models, tmp_path / "models")
+    shutil.copytree(ws.artifacts, tmp_path / "artifacts")
+    copy = Workspace(tmp_path)
+    earlier = json.loads((bundle / "release.json").read_text())
+    earlier["models"]["beta"] = earlier["models"]["alpha"]
+    (tmp_path / "artifacts/releases/host/1.0.5").mkdir()
+    (tmp_path / "artifacts/releases/host/1.0.5/release.json").write_text(json.dumps(earlier))
+
+    with pytest.raises(PipelineError) as info:
+        release.run(project(copy), "host", "1.1.0", str(key), with_runtime=False)
+    assert info.value.render() == (
+        "[target=host stage=release] 1.1.0 would drop 1 model(s) that 1.0.5 shipped: beta; "
+        "nothing was released\n  next: build them (`doit build target=host`; check models=DIR), "
+        "or confirm that they go: drop=beta")
+    with pytest.raises(PipelineError) as info:
+        release.run(project(copy), "host", "1.1.0", str(key), with_runtime=False, drop="bta")
+    assert info.value.what == ("drop=bta: not a model this release drops (models the previous "
+                               "release 1.0.5 shipped and this one lacks: beta); nothing was released")
+    assert not (tmp_path / "artifacts/releases/host/1.1.0").exists()
+
+    confirmed = copy.doit("release", "target=host", "version=1.1.0", "runtime=0", f"key={key}", "drop=beta")
+    assert confirmed.returncode == 0, out(confirmed)
+    assert "  dropped since 1.0.5 (drop=): beta" in confirmed.stdout
+    assert ("modelyard: warning: [target=host stage=release] 1 model(s) ship without a license file "
+            "(licenses: [] in release.json): alpha; name each model's license under `license:` in "
+            "its models/<model>/model.yaml") in confirmed.stderr.splitlines(), out(confirmed)
+    doc = json.loads((tmp_path / "artifacts/releases/host/1.1.0/release.json").read_text())
+    assert doc["dropped"] == {"previous": "1.0.5", "models": ["beta"]} and list(doc["models"]) == ["alpha"]
