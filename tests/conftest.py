@@ -21,6 +21,12 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # kernel once per run of the suite instead of once per workspace; see Layout.shader_cache).
 os.environ.setdefault("MODELYARD_SHADER_CACHE", str(Path(os.environ.get("TMPDIR", "/tmp"))
                                                     / f"modelyard-tests-shader-cache-{os.getuid()}"))
+# No build of a test workspace searches configs for its models without a pin (a search spends
+# minutes per model: stages/search_configs.py); the tests of that search pass search=SECONDS.
+os.environ.setdefault("MODELYARD_SEARCH", "0")
+# ...and builds the untuned TVM artifacts the default leaves out (compilers/builds.py cannot_win),
+# which the TVM tests check on tiny models (tests/unit/test_search_budget.py checks the default).
+os.environ.setdefault("MODELYARD_UNTUNED", "1")
 
 
 # The RK3588's TVM CPU ABI as a target YAML declares it (the tests' own small registries)

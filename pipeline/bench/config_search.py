@@ -27,15 +27,23 @@ host/cpu-x86_64`): for each, the search compiles and validates (under qemu) the 
 in the host's order of speed and pins, under `followers`, the first that validates there (a
 config can be right on x86 and beyond the tolerance on aarch64): their speed is measured on a
 board later, their correctness here.
+
+In a build (`search_in_build`, the child of a search_configs step: pipeline/stages/search_configs.py)
+the same candidate steps run for one host ABI of a model with no pin, in the step's order and
+within its time budget (a candidate still building when it runs out is killed with its tools);
+the ranking is that step's output, not a pin.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import platform
+import signal
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -45,13 +53,14 @@ from ..compilers.builds import built, built_abis
 from ..compilers.iree_backend import IREE
 from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
-from ..core.layout import REPO, golden_files, static_model
+from ..core.layout import REPO, Layout, golden_files, static_model
 from ..core.numerics import worst_cosine
 from ..core.steps import execute
 from ..core.store import atomic_write_text, sha256_bytes, sha256_file
 from ..core.tools import cpu_model, distribution_version, python_module_argv, run_tool
 from ..rewrite.abi_rewrites import rewritten
 from ..spec.common import display, read_yaml
+from ..spec.model import load_model
 from ..spec.target import DEFAULT_CONFIG, PIN_FORMAT, known_targets, load_target, pin_path
 from ..spec.tvm import budget
 from ..stages import tvm_compile, tvm_tune
@@ -63,6 +72,7 @@ STAGE = "search"
 WINDOW = {"warmup": 3, "rounds": 100, "seconds": 60.0}  # per model: every candidate, interleaved
 TOOLS = ("iree-base-compiler", "iree-base-runtime", "onnxruntime", "apache-tvm")
 PROGRESS = "[search] "
+CAP_FACTOR, CAP_MIN_S = 3, 120.0  # in a build, a candidate may take 3x the default's build time
 VARS = ("warmup", "rounds", "seconds")
 
 
@@ -204,7 +214,7 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
         if artifact is not None:
             timed.append({"abi": abi.name, "config": DEFAULT_CONFIG, "format": TVM.format,
                           "path": str(artifact), "entry": "main"})
-    measured = _time(project, model, target, timed, window, say) if timed else None
+    measured = _time(layout, model, target, timed, window, say) if timed else None
     entry = _entry(target, results, tvm_results, timed, measured, window)
     followers = {}
     for abi in abis:
@@ -347,9 +357,8 @@ def _build_tvm(project, model, target, abi, say) -> tuple[dict, Path | None]:
 
 
 # ----------------------------------------------------------------------------- timing
-def _time(project, model, target, timed: list, window: dict, say) -> dict:
+def _time(layout, model, target, timed: list, window: dict, say) -> dict:
     """Every validated artifact and onnxruntime in one child process, interleaved."""
-    layout = project.layout
     golden = golden_files(layout, model)
     doc = json.loads(golden["golden.json"].read_text())
     plan = {"inputs": [str(golden[f"golden:{e['file']}"]) for e in doc["inputs"]],
@@ -485,9 +494,160 @@ def table(model_name: str, entry: dict) -> list[str]:
     return lines
 
 
+# ----------------------------------------------------------------------------- in a build
+def search_in_build(layout, model, target, abi, cfg: dict, say=print, clock=time.monotonic) -> dict:
+    """The search_configs step's ranking (pipeline/stages/search_configs.py): the candidates of
+    one host ABI in cfg's order, each built and validated through the stages' own steps while
+    the budget allows (the timing window reserved), then every validated one timed with
+    onnxruntime side by side; the winner (lowest p50), the ranking, and what was not tried.
+    The budget is enforced: a candidate still building when it runs out is stopped (its tools
+    killed) and recorded as not finished. One that takes more than CAP_FACTOR times the default's
+    time (at least CAP_MIN_S) is stopped too, and the search goes on without the candidates whose
+    rewrites include all of its own (they build the same slow graph, or a larger one)."""
+    start, budget, window = clock(), float(cfg["budget_s"]), dict(cfg["window"])
+    reserve = 2 * window["seconds"]  # the timing at the end, and its warm-up
+    graphs = _GraphDigests(static_model(layout, model))
+    results, timed, seen, costs, finished, slow, stopped = {}, [], {}, [], [], {}, None
+    for k, config in enumerate(cfg["candidates"]):
+        name = config["name"]
+        record = {"flags": list(config["flags"]), "rewrites": list(config["rewrites"])}
+        spent = clock() - start
+        if stopped is None and k and not fits(spent, finished, budget, window["seconds"]):
+            stopped = (f"the budget of {budget:g} s was used: {spent:.0f} s spent building and "
+                       f"validating, the slowest candidate took {max(finished or [0]):.0f} s, "
+                       f"{reserve:g} s kept for timing")
+        if stopped is not None:
+            results[name] = {**record, "status": "not-tried", "why": stopped}
+            continue
+        like = next((n for n, r in slow.items() if r <= set(config["rewrites"])), None)
+        if like is not None:  # its rewrites hold those of a candidate too slow to build
+            results[name] = {**record, "status": "not-tried",
+                             "why": f"its rewrites include all of {like}'s, which did not build "
+                                    f"in time: {results[like]['why']}"}
+            continue
+        same = (tuple(config["flags"]), graphs.of(config["rewrites"]))
+        if same in seen:
+            results[name] = {**record, "status": "same-as", "same_as": seen[same],
+                             "why": f"the graph and flags of {seen[same]} in this model"}
+            continue
+        seen[same] = name
+        say(f"{PROGRESS}{target.name}/{model.name}/{abi.name}: {name} ({_what(config)}), "
+            f"{spent:.0f} of {budget:g} s spent")
+        began, left = clock(), max(budget - spent - reserve, 1.0)
+        cap = max(CAP_FACTOR * costs[0], CAP_MIN_S) if costs else left  # default: the budget
+        done, built = bounded(lambda: _build_candidate(layout, model, target, abi, config, say),
+                              min(left, cap))
+        costs.append(clock() - began)
+        if done:
+            finished.append(costs[-1])
+        if not done and cap < left:  # one slow candidate does not eat the budget: the next goes on
+            why = (f"stopped after {costs[-1]:.0f} s: more than {CAP_FACTOR}x the default's "
+                   f"{costs[0]:.0f} s (at least {CAP_MIN_S:g} s) to build and validate")
+            say(f"{PROGRESS}  {why}")
+            results[name] = {**record, "status": "not-finished", "why": why}
+            if config["rewrites"]:
+                slow[name] = set(config["rewrites"])
+            continue
+        if not done:
+            stopped = (f"the budget of {budget:g} s ran out while {name} was building: stopped "
+                       f"after {costs[-1]:.0f} s, {reserve:g} s kept for timing")
+            say(f"{PROGRESS}  {stopped}")
+            results[name] = {**record, "status": "not-finished", "why": stopped}
+            continue
+        results[name], artifact = built
+        if artifact is not None:
+            timed.append({"abi": abi.name, "config": name, "format": IREE.format,
+                          "path": str(artifact), "entry": "main", "device": abi.run["device"]})
+    measured = _time(layout, model, target, timed, window, say) if timed else None
+    ort = next((r for r in (measured or {}).get("artifacts", []) if r["abi"] == "onnxruntime"), None)
+    for row in (measured or {}).get("artifacts", []):
+        if row["abi"] != "onnxruntime":
+            results[row["config"]].update(status="timed", p50_ms=row["p50_ms"], min_ms=row["min_ms"],
+                                          ratio_to_onnxruntime=round(row["p50_ms"] / ort["p50_ms"], 4))
+    order = [c["name"] for c in cfg["candidates"]]
+    ranking = sorted((n for n in order if results[n]["status"] == "timed"),
+                     key=lambda n: (results[n]["p50_ms"], order.index(n)))
+    best = ranking[0] if ranking else None
+    return {"format": "modelyard.search/1", "target": target.name, "model": model.name,
+            "abi": abi.name, "budget_s": budget, "spent_s": round(clock() - start, 1),
+            "config": best, "flags": list(results[best]["flags"]) if best else [],
+            "rewrites": list(results[best]["rewrites"]) if best else [],
+            "ranking": ranking, "order": order,
+            "not_tried": [n for n in order if results[n]["status"] in ("not-tried", "not-finished")],
+            "candidates": results,
+            "onnxruntime": {k: ort[k] for k in ("p50_ms", "min_ms")} if ort else None,
+            "window": {**window, "rounds_done": (measured or {}).get("rounds", 0),
+                       "threads": (measured or {}).get("threads")},
+            "machine": {"cpu_model": cpu_model(), "arch": platform.machine(),
+                        "usable_cpus": len(os.sched_getaffinity(0))},
+            "tools": {t: distribution_version(t) for t in TOOLS[:3]}}
+
+
+def bounded(fn, seconds: float) -> tuple[bool, object]:
+    """fn() in a forked child in a session of its own: (True, what it returned), or (False,
+    None) when `seconds` passed first (the child and the tools it started are killed: a step
+    killed midway publishes nothing, core/steps.py). An exception in fn is raised here."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child():
+        os.setsid()
+        try:
+            send.send((True, fn()))
+        except BaseException:  # a bug: its traceback goes to the parent
+            send.send((False, traceback.format_exc()))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    send.close()
+    if receive.poll(seconds):
+        try:
+            ok, value = receive.recv()
+        except EOFError:
+            ok, value = False, f"the child building the candidate died (exit code {proc.exitcode})"
+        proc.join()
+        if not ok:
+            raise RuntimeError(f"building a candidate failed:\n{value}")
+        return True, value
+    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            kill()
+            break
+        except (ProcessLookupError, PermissionError):
+            continue
+    proc.join()
+    return False, None
+
+
+def fits(spent: float, costs: list, budget: float, timing_s: float) -> bool:
+    """Whether one more candidate fits: the slowest so far (a guess at the next), after what was
+    spent, leaves the timing window (and its warm-up, at most as much again) in the budget."""
+    return spent + max(costs or [0.0]) + 2 * timing_s <= budget
+
+
+def _in_build(plan_path: str) -> int:
+    """The child of a search_configs step: load the model and target, search, write the ranking."""
+    plan = json.loads(Path(plan_path).read_text())
+    cfg, layout = plan["config"], Layout(Path(plan["artifacts"]))
+    specs, problems = load_model(Path(plan["spec"]), memo_dir=layout.cache)
+    model = next((m for m in specs or () if m.name == cfg["model"]), None)
+    if model is None:
+        raise SystemExit(f"no model {cfg['model']!r} in {plan['spec']}: {'; '.join(problems)}")
+    target = load_target(cfg["target"], Path(plan["targets"]))
+    abi = next(a for a in target.abis if a.name == cfg["abi"])
+    ranking = search_in_build(layout, model, target, abi, cfg,
+                              say=lambda line: print(line, flush=True))
+    atomic_write_text(Path(plan["output"]), json.dumps(ranking, indent=1, sort_keys=True) + "\n")
+    print(f"{PROGRESS}ranking: {', '.join(ranking['ranking']) or 'nothing validated'}; not tried: "
+          f"{', '.join(ranking['not_tried']) or 'none'}", flush=True)
+    return 0
+
+
 # ----------------------------------------------------------------------------- the child
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--in-build"]:
+        return _in_build(args[1])
     plan = json.loads(Path(args[0]).read_text())
     last = [time.perf_counter()]
 

@@ -436,11 +436,21 @@ def variant_rows(rows: list[dict], skipped: list[dict], manifest: dict) -> list[
             row["size_ratio"] = round(row["size"] / row["fp32_size"], 4) if fp32 else None
             row["speedup"] = (round(row["fp32_p50_ms"] / row["p50_ms"], 4)
                               if mine and theirs else None)
+            row["pays"] = None if row["speedup"] is None else row["speedup"] >= 1
+            if row["pays"] is False:
+                row["verdict"] = slower_text(entry["precision"], row["p50_ms"], row["fp32_p50_ms"])
             if not mine:
                 row["not_measured"] = next((s["reason"] for s in skipped
                                             if (s["model"], s["abi"]) == (name, abi)), "not measured")
             out.append(row)
     return out
+
+
+def slower_text(precision: str, p50_ms: float, fp32_p50_ms: float) -> str:
+    """What a precision variant slower than its fp32 build says (bench summary and report)."""
+    return (f"the {precision} artifact is SLOWER than its fp32 build here: p50 {_fmt(p50_ms)} ms vs "
+            f"{_fmt(fp32_p50_ms)} ms ({fp32_p50_ms / p50_ms:.2f}x): it does not pay on this ABI; "
+            f"ship fp32, or quantize for a device with int8 kernels")
 
 
 def table(summary: dict) -> list[str]:
@@ -495,6 +505,7 @@ def variant_table(variants: list[dict]) -> list[str]:
     lines = ["", "precision variants vs fp32 (speedup = fp32 p50 / variant p50, IREE artifacts):"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *body)]
     lines += [f"  {v['variant']}/{v['abi']}: {v['not_measured']}" for v in variants if "not_measured" in v]
+    lines += [f"  {v['variant']}/{v['abi']}: {v['verdict']}" for v in variants if v.get("verdict")]
     return lines
 
 

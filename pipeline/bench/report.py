@@ -24,7 +24,7 @@ CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1a202c;margin:24px auto;
 max-width:1100px;padding:0 16px;background:#fff}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px;border-bottom:1px solid #e2e8f0}
-h3{font-size:15px;margin:18px 0 6px}.muted{color:#718096}.mono{font-family:ui-monospace,monospace}
+h3{font-size:15px;margin:18px 0 6px}.muted{color:#718096}.mono{font-family:ui-monospace,monospace}.warn{color:#c53030}
 table{border-collapse:collapse;margin:6px 0 10px;width:100%}
 th,td{border:1px solid #e2e8f0;padding:4px 7px;text-align:right;vertical-align:top}
 th{background:#f7fafc;font-weight:600}td.l,th.l{text-align:left}
@@ -242,6 +242,14 @@ def profile_html(model: str, doc: dict, top: int = TOP) -> str:
     return "\n".join(p)
 
 
+def verdicts_html(variants: list[dict]) -> str:
+    """The precision variants that do not pay (slower than their fp32 build), in words."""
+    slower = [v for v in variants if v.get("verdict")]
+    return ("<ul>" + "".join(f"<li class=warn><span class=mono>{escape(v['variant'])}/"
+                             f"{escape(v['abi'])}</span>: {escape(v['verdict'])}</li>"
+                             for v in slower) + "</ul>") if slower else ""
+
+
 def render(summary: dict, results: dict, manifest: dict, profiles: dict | None = None) -> str:
     target = summary["target"]
     mach = summary["machine"]
@@ -364,6 +372,7 @@ def render(summary: dict, results: dict, manifest: dict, profiles: dict | None =
                      f"</td><td>{_ms(v['onnxruntime_p50_ms'])}</td>"
                      f"<td>{_ms(v['fp32_onnxruntime_p50_ms'])}</td></tr>")
         p.append("</table>")
+        p.append(verdicts_html(summary["variants"]))
     if summary["artifacts"]:
         p.append("<h2>Size vs latency</h2><p class=\"muted\">one point per measured artifact at its "
                  "p50; the vertical line spans min to p90.</p>")

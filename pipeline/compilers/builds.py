@@ -63,6 +63,38 @@ def can_build(project, model, target, abi) -> bool:
 
 
 def not_needed(project, model, target, abi) -> str | None:
+    """Why the ABI is not built although it could be: the slot builds only what ships
+    (`_not_shipped`), or it is an untuned build that cannot win (`cannot_win`)."""
+    return _not_shipped(project, model, target, abi) or cannot_win(project, model, target, abi)
+
+
+def cannot_win(project, model, target, abi) -> str | None:
+    """An ABI of a backend that needs tuning (TVM: untuned CPU code ran 12-80x onnxruntime,
+    ../shared/TOOLCHAIN.md) with no tuning budget or pinned database for the target, in a slot
+    where another compiler's ABI is built for the model: it would lose, so it is not built.
+    Built anyway with the model's explicit `ship:` choice of it, a pin of `doit search` for the
+    slot (which timed it), or `untuned=1` (Project.untuned)."""
+    backend = backend_of(abi)
+    slot = next((s for s in target.ship if abi.name in s["abis"]), None)
+    if (slot is None or backend.tune_stage is None or getattr(project, "untuned", False)
+            or budget(model, target) or model.tvm.get("database", {}).get(target.name)
+            or model.ship.get(target.name, {}).get(slot["name"]) == abi.name
+            or slot["name"] in project.pinned_slots.get((target.name, model.name), {})):
+        return None
+    by_name = {a.name: a for a in target.abis}
+    others = [n for n in slot["abis"] if backend_of(by_name[n]) is not backend
+              and can_build(project, model, target, by_name[n])
+              and not _not_shipped(project, model, target, by_name[n])]
+    if not others:
+        return None
+    return (f"not built: an untuned {backend.title} build cannot win (untuned CPU code ran 12-80x "
+            f"onnxruntime's time) and {others[0]} is built for slot {slot['name']}; the model has no "
+            f"tuning budget or database for {target.name} (tvm.tune.{target.name} in its "
+            f"model.yaml); built with one, with ship.{target.name}.{slot['name']}: {abi.name}, "
+            f"or with untuned=1")
+
+
+def _not_shipped(project, model, target, abi) -> str | None:
     """Why the ABI is not built although it could be: it is in a slot with `build: shipped`
     whose artifact that ships is known before anything is built (the model's explicit `ship:`
     choice, or policy prefer: the first candidate, since a failed validation fails the build),

@@ -47,10 +47,6 @@ VARIABLES = (
     Variables("search=SECONDS untuned=1", ("build",), "the time a model with no pinned config may "
               "spend ranking its configs, per host ABI (or $MODELYARD_SEARCH); untuned=1: build "
               "the untuned TVM artifacts that cannot win too"),
-    Variables("search=SECONDS", ("build",), "time per model and host IREE ABI to rank its configs "
-              "when its folder pins none (default 180; 0: the ABI's base flags; or $MODELYARD_SEARCH)"),
-    Variables("untuned=1", ("build",), "build untuned TVM artifacts even where another compiler's "
-              "is built for the slot (default: left out, they cannot win; or $MODELYARD_UNTUNED)"),
     Variables("warmup=N iterations=N seconds=S threads=N", ("bench",), "the timing window "
               "(defaults: 3, 200, 20 s, every usable CPU)"),
     Variables("baseline=PATH threshold=PCT gate=0|1", ("bench",), "flag p50 regressions against "

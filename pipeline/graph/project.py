@@ -31,6 +31,9 @@ class Project:
     farm: dict = field(default_factory=dict)       # tracker=, key=, emulated= (doit tune)
     configs: dict = field(default_factory=dict)    # (target, model, abi) -> the pinned config
     pinned_slots: dict = field(default_factory=dict)  # (target, model) -> {slot: the pinned winner}
+    search: float | None = None  # search=SECONDS per model and host ABI without a pin (None: the
+                                 # default, compilers/config_choice.py; 0: no search in the build)
+    untuned: bool = False        # untuned=1: build untuned TVM artifacts that cannot win (builds.cannot_win)
 
     def steps(self, stage: str) -> list[Step]:
         return BY_NAME[stage].module.steps(self)

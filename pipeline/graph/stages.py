@@ -4,6 +4,8 @@
             └────────────────^                  └─> [tvm_tune ─>] tvm_compile ─> validate ─┘   (per target)
     precision variants: static ─> quantize ─> accuracy (the gate) ─> golden ─> iree_compile ─> validate ─> manifest
     shape variants are models of their own that share their model's import.
+    search_configs (after coverage, per model without a pin and host IREE ABI): ranks its configs
+    in a budget; iree_compile of that ABI (and of those that follow it) reads the ranking.
     runtime (per architecture): the C runtime that loads the artifacts on the board; `doit release` needs it.
 
 Every stage module (pipeline/stages/<module>.py) has the same small interface:
@@ -26,7 +28,7 @@ from types import ModuleType
 
 from ..compilers.backends import BACKENDS
 from ..stages import (accuracy, choose, coverage, golden, import_model, manifest, quantize, runtime,
-                      static, validate)
+                      search_configs, static, validate)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ STAGES = (
     Stage("quantize", quantize, "precision variants: int8 (QDQ, calibrated) or fp16 models from the static model"),
     Stage("accuracy", accuracy, "precision variants' gates vs fp32 (`doit accuracy` prints them)"),
     Stage("coverage", coverage, "which ops of each model each compiler of the target cannot take"),
+    Stage("search_configs", search_configs, "no pin: rank each host IREE ABI's configs for the model "
+          "within search=SECONDS (default 180; 0: none)", after_coverage=True),
     *backend_stages(),
     Stage("validate", validate, "run each artifact (natively or under qemu-user) and compare with golden", True),
     Stage("choose", choose, "which compiler's artifact ships per slot of the target", True),

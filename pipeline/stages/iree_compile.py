@@ -20,7 +20,11 @@ to the .vmfb; the bytes are those of a single run (tests/e2e/test_vulkan.py comp
 Configs: an ABI may declare `configs:`, named flag sets `doit search` tries per model
 (pipeline/bench/config_search.py); the one pinned in models/<m>/configs/<target>.yaml is added
 to the ABI's flags (`config`: its name, flags, and the target whose search chose it), recorded in
-compile.json and the manifest. No pin: no config (the key is what it was without configs).
+compile.json and the manifest. No pin: the build's own search ranks them (stage search_configs,
+compilers/config_choice.py; the step reads its ranking.json as an input and adds the winner's
+flags and rewrites), or with `search=0` the ABI's base flags. compile.json's `config.from` says
+which: `pin`, `search` or `base` (with `why`). An ABI without configs: no config (the key is
+what it was without configs).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from ..compilers.iree_compiler import (attempts, compile_argv, compile_flags, di
                                        find_compiler, first_error, import_argv, unsupported_ops)
 from ..compilers.backend import ENTRY
 from ..compilers.builds import built_abis, proxy_abis, variant_abis, variant_skip_reason
+from ..compilers.config_choice import decide, ranking_file
 from ..compilers.iree_backend import IREE
 from ..compilers.iree_targets import requirements
 from ..core.layout import static_model
@@ -41,7 +46,7 @@ from ..core.store import pretty_json
 from ..core.tools import describe_exit, run_tool, tail
 from ..rewrite.abi_rewrites import REWRITES
 from ..rewrite.abi_rewrites import apply as apply_rewrites
-from ..spec.target import IREE_BACKENDS
+from ..spec.target import DEFAULT_CONFIG, IREE_BACKENDS
 from ..spec.variants import FP16_FEATURES, PRECISIONS, variant_model
 
 VERSION = 3
@@ -67,6 +72,8 @@ class Config(StageConfig):
     fallbacks: tuple[dict, ...] = ()     # the ABI's declared fallbacks: {drop, add, why}, in order
     workarounds: tuple[dict, ...] = ()   # the ABI's compiler-bug workarounds: {name, flags, rewrites, why}
     config: dict | None = None           # the pinned config (docs/configs.md): {name, flags, rewrites, pin}
+    search: dict | None = None           # no pin: {from: search, source: TARGET/ABI, configs: [...]}
+                                         # (this build's ranking, input `search`) or {from: base, why}
 
     def problems(self):
         if self.compiler != IREE.name:
@@ -99,6 +106,12 @@ class Config(StageConfig):
         elif self.config is not None and (unknown := [r for r in self.config["rewrites"]
                                                       if r not in REWRITES]):
             yield f"config {self.config['name']!r}: unknown rewrite(s) {', '.join(unknown)}"
+        if self.search is not None and (self.config is not None or not isinstance(self.search, dict)
+                                        or (self.search.get("from"), sorted(self.search)) not in (
+                                            ("search", ["configs", "from", "source"]),
+                                            ("base", ["from", "why"]))):
+            yield (f"search is {{from: search, source, configs}} or {{from: base, why}}, and only "
+                   f"without a pinned config, got {self.search!r}")
 
     def as_key(self) -> dict:
         """The ABI's compile config as the spec gives it, plus entry (and a variant's precision)."""
@@ -114,11 +127,13 @@ class Config(StageConfig):
             key["workarounds"] = key_value(self.workarounds)
         if self.config is not None:
             key["config"] = key_value(self.config)
+        if self.search is not None:
+            key["search"] = key_value(self.search)
         return key
 
 
 def run(ctx) -> None:
-    cfg = ctx.cfg
+    cfg, origin = _chosen(ctx, ctx.cfg)
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     mlir = ctx.scratch / "model.mlir"
     source, applied = ctx.input("model"), []
@@ -156,7 +171,10 @@ def run(ctx) -> None:
     if cfg.config is not None:  # the pinned config (its flags are in `flags`, after the ABI's own)
         report["config"] = {**cfg.config, "flags_used": all(f in used["flags"]
                                                             for f in cfg.config["flags"]),
-                            "rewritten": applied[len(rewrites) - len(pinned):] if pinned else []}
+                            "rewritten": applied[len(rewrites) - len(pinned):] if pinned else [],
+                            **(origin or {})}
+    elif origin is not None:  # the base flags: searched and found fastest, or not searched
+        report["config"] = {"name": DEFAULT_CONFIG, "flags": [], "rewrites": [], **origin}
     if cfg.workarounds:  # what each did: its flags are in `flags`, its rewrites touched these nodes
         report["workarounds"] = [{"name": w["name"], "why": w["why"], "flags": list(w["flags"]),
                                   "flags_used": all(f in used["flags"] for f in w["flags"]),
@@ -182,6 +200,42 @@ def run(ctx) -> None:
                                 "Vulkan targets with 16-bit storage only (valhall*, llvmpipe, ...)")
     mlir.unlink(missing_ok=True)
     ctx.output("compile.json").write_text(pretty_json(report))
+
+
+def _chosen(ctx, cfg: Config) -> tuple[Config, dict | None]:
+    """The config this build applies, and where it came from (compile.json's `config.from`): the
+    pin; this build's search (its ranking, the winner's flags and rewrites as this ABI declares
+    them); or the base flags and why (search=0, the budget used before any other candidate was
+    tried, nothing validated)."""
+    if cfg.search is None:
+        return cfg, ({"from": "pin"} if cfg.config is not None else None)
+    if cfg.search["from"] == "base":
+        return cfg, dict(cfg.search)
+    ranking = json.loads(ctx.input("search").read_text())
+    name, source = ranking["config"], cfg.search["source"]
+    facts = {"searched": source, "ranking": ranking["ranking"], "not_tried": ranking["not_tried"],
+             "budget_s": ranking["budget_s"], "spent_s": ranking["spent_s"]}
+    if name is not None:
+        facts["ratio_to_onnxruntime"] = ranking["candidates"][name].get("ratio_to_onnxruntime")
+    base = lambda why: (dataclasses.replace(cfg, search=None), {"from": "base", "why": why, **facts})
+    others = [n for n in ranking["order"] if n != DEFAULT_CONFIG]
+    if name is None and DEFAULT_CONFIG in ranking["not_tried"]:
+        return base(f"the search of {source} used its budget of {ranking['budget_s']:g} s before "
+                    f"a candidate was built and validated (search=SECONDS gives more)")
+    if name is None:
+        return base(f"the search of {source} in this build validated no candidate")
+    if name == DEFAULT_CONFIG and others and all(n in ranking["not_tried"] for n in others):
+        return base(f"the search of {source} used its budget of {ranking['budget_s']:g} s before "
+                    f"any config besides {DEFAULT_CONFIG} was built and validated (search=SECONDS "
+                    f"gives more)")
+    if name == DEFAULT_CONFIG:
+        return dataclasses.replace(cfg, search=None), {"from": "search", **facts}
+    declared = next((c for c in cfg.search["configs"] if c["name"] == name), None)
+    if declared is None:
+        return base(f"the search of {source} ranked {name} first, which this ABI does not declare")
+    config = {"name": name, "flags": list(declared["flags"]), "rewrites": list(declared["rewrites"]),
+              "pin": source.split("/")[0]}
+    return dataclasses.replace(cfg, config=config, search=None), {"from": "search", **facts}
 
 
 def _compile(ctx, cfg: Config, config: dict, mlir: Path, vmfb: Path):
@@ -219,6 +273,7 @@ def _attempt_config(cfg: Config, attempt: dict) -> dict:
     config = {**cfg.as_key(), "flags": attempt["flags"]}
     config.pop("workarounds", None)
     config.pop("config", None)
+    config.pop("search", None)
     return config
 
 
@@ -277,7 +332,8 @@ def steps(project) -> list:
         for target in project.targets:
             for abi in built_abis(project, model, target, IREE):
                 pinned = project.configs.get((target.name, model.name, abi.name))
-                out.append(compile_step(layout, model, target, abi, config=pinned))
+                out.append(compile_step(layout, model, target, abi, config=pinned,
+                                        search=_search(project, model, target, abi)))
                 if abi.run["via"] == "twin":
                     out.append(compile_step(layout, model, target, abi, twin=True, config=pinned))
         for v in model.variants:
@@ -285,13 +341,32 @@ def steps(project) -> list:
     for model in project.models:
         for target, abi in proxy_abis(project, model, IREE):
             out.append(compile_step(layout, model, target, abi,
-                                    config=project.configs.get((target.name, model.name, abi.name))))
+                                    config=project.configs.get((target.name, model.name, abi.name)),
+                                    search=_search(project, model, target, abi)))
     return out
 
 
-def compile_step(layout, model, target, abi, twin: bool = False, config: dict | None = None) -> Step:
+def _search(project, model, target, abi) -> dict | None:
+    """compile_step's `search` for an ABI with configs and no pin (compilers/config_choice.py):
+    this build's ranking (its file, through the step's inputs) or the base flags and why."""
+    choice = decide(project, model, target, abi)
+    if choice is None or choice["from"] == "pin":
+        return None
+    if choice["from"] == "base":
+        return {"from": "base", "why": choice["why"]}
+    source, source_abi = choice["source"]
+    return {"from": "search", "source": f"{source.name}/{source_abi.name}",
+            "configs": choice["configs"],
+            "ranking": ranking_file(project.layout, source.name, model.name, source_abi.name)}
+
+
+def compile_step(layout, model, target, abi, twin: bool = False, config: dict | None = None,
+                 search: dict | None = None) -> Step:
     """The shipped artifact; or (twin=True) its runnable twin: same model and flags, another
-    device. `config`: the pinned config ({name, flags, rewrites, pin}) added to the ABI's."""
+    device. `config`: the pinned config ({name, flags, rewrites, pin}) added to the ABI's.
+    `search` (no pin): {from: search, source, configs, ranking: the file} or {from: base, why}."""
+    search = dict(search) if search else None
+    ranking = search.pop("ranking", None) if search else None
     abi_config = abi.twin_config() if twin else abi.compile_config()
     if abi.backend == "vulkan-spirv":
         doc = f"IREE Vulkan SPIR-V for {abi_config['vulkan_target']}" + (" (validation twin)" if twin else "")
@@ -300,11 +375,14 @@ def compile_step(layout, model, target, abi, twin: bool = False, config: dict | 
     if config is not None:
         doc += f", config {config['name']} (pinned by doit search target={config['pin']})"
     inputs = {"model": static_model(layout, model)}
+    if ranking is not None:
+        inputs["search"] = ranking
+        doc += f", the config this build's search of {search['source']} ranks first"
     if twin:  # built with the flags that compiled the shipped artifact
         inputs["shipped"] = layout.artifact_stage(target.name, model.name, abi.name,
                                                   IREE.compile_stage) / "compile.json"
     return Step(stage=IREE.compile_stage, name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
-                version=VERSION, config=Config(**abi_config, entry=ENTRY, config=config),
+                version=VERSION, config=Config(**abi_config, entry=ENTRY, config=config, search=search),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
                                               "twin_compile" if twin else IREE.compile_stage),

@@ -146,7 +146,8 @@ def test_search_pins_the_fastest_config_and_the_build_applies_it_without_timing(
     compiled = json.loads((art / "m" / "cpu-x86_64" / "iree_compile" / "compile.json").read_text())
     assert compiled["flags"][-2:] == ["--iree-opt-data-tiling", "--iree-opt-level=O3"]
     assert compiled["config"] == {"name": "o3", "flags": ["--iree-opt-level=O3"], "rewrites": [],
-                                  "pin": "host", "flags_used": True, "rewritten": []}
+                                  "pin": "host", "flags_used": True, "rewritten": [],
+                                  "from": "pin"}  # the pin, not this build's search (search_configs)
     variant = json.loads((art / "m.b2" / "cpu-x86_64" / "iree_compile" / "compile.json").read_text())
     won = variant_pin["abis"]["cpu-x86_64"]
     assert variant["config"]["name"] == won["config"]
@@ -173,7 +174,7 @@ def test_search_pins_the_fastest_config_and_the_build_applies_it_without_timing(
     compiled = json.loads((ws.artifacts / "board" / "m" / "cpu-aarch64" / "iree_compile"
                            / "compile.json").read_text())
     assert compiled["config"] == {"name": "default", "flags": [], "rewrites": [], "pin": "host",
-                                  "flags_used": True, "rewritten": []}
+                                  "flags_used": True, "rewritten": [], "from": "pin"}
     assert not (ws.artifacts / "logs" / "validate" / "board_m_cpu-aarch64.log").exists()
 
     # a pin naming a config the target does not declare: a clear error, nothing built

@@ -34,6 +34,9 @@ def steps(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_every_step_config_is_its_stage_config_and_round_trips(steps, stage):
     found = [s for t in TARGETS for s in steps[t, stage.name]]
+    if stage.name == "search_configs":  # the default models have pins: they search nothing
+        assert not found  # (tests/unit/test_search_budget.py round-trips a search step's config)
+        return
     assert found, f"no {stage.name} step for the default models on {', '.join(TARGETS)}"
     for step in found:
         cfg = step.cfg

@@ -1,0 +1,85 @@
+"""Which declared config an IREE CPU ABI of a model is built with, and where that came from.
+
+    pin     models/<m>/configs/<target>.yaml (`doit search`, or the ABI it follows): always wins;
+    search  no pin: the ranking of this build's `search_configs` step for the model and the host
+            ABI that is timed here (the ABI itself, or the one it follows: `configs_from`),
+            within the build's search budget (`search=SECONDS`);
+    base    no pin and no search (`search=0`): the ABI's own flags, and the reason.
+An ABI that declares no `configs:` has nothing to choose (None).
+
+The compile stage (which reads the ranking) and the search stage (which writes it) both ask
+here, so neither imports the other.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..spec.target import load_target
+from .iree_backend import IREE
+
+SEARCH_STAGE = "search_configs"
+RANKING = "ranking.json"
+DEFAULT_BUDGET_S = 180.0  # per model and host ABI, when search= is not given
+_TARGETS: dict = {}       # (registry folder, name) -> TargetSpec, for the ABIs followed
+
+
+def has_configs(abi) -> bool:
+    """An IREE CPU ABI that declares candidate configs (or follows another's)."""
+    return IREE.builds(abi) and abi.backend == "llvm-cpu" and bool(abi.configs)
+
+
+def timed_here(abi) -> bool:
+    """Its artifacts run, and are timed, on this machine."""
+    return has_configs(abi) and abi.run["via"] == "python"
+
+
+def search_source(target, abi) -> tuple | None:
+    """(target, ABI) whose search ranks this ABI's configs: itself when it is timed here, the ABI
+    it follows (`configs_from: TARGET/ABI`) otherwise; None when neither."""
+    if not has_configs(abi):
+        return None
+    if timed_here(abi):
+        return target, abi
+    if not abi.configs_from:
+        return None
+    name, abi_name = abi.configs_from.split("/")
+    if name == target.name:
+        other = target
+    else:
+        key = (target.path.parent, name)
+        if key not in _TARGETS:
+            _TARGETS[key] = load_target(name, target.path.parent)
+        other = _TARGETS[key]
+    source = next((a for a in other.abis if a.name == abi_name), None)
+    return (other, source) if source is not None and timed_here(source) else None
+
+
+def budget_of(project) -> float:
+    """The build's search budget in seconds per model and host ABI (0: no search)."""
+    value = getattr(project, "search", None)
+    return DEFAULT_BUDGET_S if value is None else float(value)
+
+
+def decide(project, model, target, abi) -> dict | None:
+    """{"from": "pin", "config": {...}} | {"from": "search", "source": (target, abi),
+    "configs": [...]} | {"from": "base", "why": ...}; None: the ABI has no configs."""
+    if not has_configs(abi):
+        return None
+    pinned = project.configs.get((target.name, model.name, abi.name))
+    if pinned is not None:
+        return {"from": "pin", "config": pinned}
+    source = search_source(target, abi)
+    if source is None:
+        return {"from": "base", "why": f"no pin, and {abi.configs_from or 'no ABI timed here'} "
+                                       f"cannot be searched on this machine"}
+    if budget_of(project) <= 0:
+        return {"from": "base", "why": "no pin in the model folder, and search=0: the build "
+                                       "searched no config"}
+    return {"from": "search", "source": source,
+            "configs": [{"name": c["name"], "flags": list(c["flags"]),
+                         "rewrites": list(c["rewrites"])} for c in abi.configs]}
+
+
+def ranking_file(layout, target_name: str, model_name: str, abi_name: str) -> Path:
+    """Where the search step of (model, host ABI) writes its ranking."""
+    return layout.artifact_stage(target_name, model_name, abi_name, SEARCH_STAGE) / RANKING

@@ -1,0 +1,220 @@
+"""The search in the build (stages/search_configs.py, compilers/config_choice.py): which models
+get a search step, in which order the candidates go, how the budget stops them, and what the
+compile step applies from a ranking. No toolchain runs here."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.bench.config_search import bounded, fits
+from pipeline.bench.measure import variant_rows, variant_table
+from pipeline.bench.report import verdicts_html
+from pipeline.core.layout import coverage_file
+from pipeline.core.errors import PipelineError
+from pipeline.graph import load_project
+from pipeline.stages import iree_compile, search_configs
+from pipeline.stages.search_configs import PRIORITY, ordered, parse_budget
+from tests.conftest import REPO, add_tiny_model
+
+
+def _project(models: Path, artifacts: Path, target: str, search: float | None = None):
+    return dataclasses.replace(load_project(models, artifacts, target), search=search)
+
+
+def test_candidates_go_default_first_then_most_likely_to_pay():
+    host = load_project(REPO / "models", REPO / "artifacts", "host").targets[0]
+    abi = next(a for a in host.abis if a.name == "cpu-x86_64")
+    names = [c["name"] for c in ordered(abi)]
+    assert names[0] == "default"
+    assert names[1:] == [n for n in PRIORITY if abi.config(n)] + \
+        [c["name"] for c in abi.configs if c["name"] not in PRIORITY]
+    assert names[1] == "o3-dw-chunks" and names[-1] == "conv-dt"
+    assert ordered(abi)[1] == {"name": "o3-dw-chunks", "flags": ["--iree-opt-level=O3"],
+                               "rewrites": list(abi.config("o3-dw-chunks")["rewrites"])}
+
+
+def test_the_budget_keeps_the_timing_window():
+    # 100 s spent, the slowest candidate 30 s, 15 s timing (x2 reserved): 160 <= 180 fits
+    assert fits(100.0, [20.0, 30.0], 180.0, 15.0)
+    assert not fits(125.0, [20.0, 30.0], 180.0, 15.0)    # 185 > 180
+    assert fits(0.0, [], 30.0, 15.0) and not fits(1.0, [], 30.0, 15.0)
+
+
+def test_a_candidate_is_stopped_with_its_tools_when_the_budget_runs_out(tmp_path):
+    pid = tmp_path / "pid"
+
+    def slow():
+        proc = subprocess.Popen(["sleep", "60"])
+        pid.write_text(str(proc.pid))
+        proc.wait()
+        return "late"
+
+    began = time.monotonic()
+    assert bounded(slow, 1.5) == (False, None)
+    assert time.monotonic() - began < 10
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid.read_text()}").exists() or \
+        "Z" in Path(f"/proc/{pid.read_text()}/stat").read_text().split()[2]  # killed (or a zombie)
+    assert bounded(lambda: {"status": "validated"}, 30) == (True, {"status": "validated"})
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        bounded(lambda: 1 / 0, 30)
+
+
+def test_search_variable_is_a_number_of_seconds():
+    assert parse_budget(None) is None and parse_budget("0") == 0.0 and parse_budget("90") == 90.0
+    for bad in ("ten", "-5", "nan"):
+        with pytest.raises(PipelineError) as err:
+            parse_budget(bad)
+        assert f"search={bad!r}" in err.value.what and "search=0" in err.value.hint
+
+
+def test_the_default_models_have_pins_and_do_no_search(tmp_path):
+    for target in ("host", "rk3588"):
+        project = _project(REPO / "models", tmp_path / "artifacts", target)
+        assert search_configs.steps(project) == []
+        cpu = [s for s in iree_compile.steps(project) if "/cpu-" in s.name and "." not in s.name]
+        assert cpu and all(s.cfg.search is None and s.cfg.config for s in cpu), \
+            [(s.name, s.cfg.search) for s in cpu]
+        assert all(s.config["config"]["pin"] == "host" for s in cpu)
+
+
+def test_a_model_without_a_pin_is_searched_on_the_host_abi_and_followed_on_aarch64(tmp_path):
+    models = tmp_path / "models"
+    add_tiny_model(models, "tiny")
+    project = _project(models, tmp_path / "artifacts", "rk3588")
+    (step,) = search_configs.steps(project)
+    assert step.name == "host/tiny/cpu-x86_64" and step.after == ()  # host's coverage is not loaded
+    assert step.cfg.budget_s == 180.0 and step.cfg.candidates[0]["name"] == "default"
+    assert set(step.inputs) >= {"model", "spec", "target", "golden.json"}
+    ranking = step.out_dir / "ranking.json"
+    (arm,) = [s for s in iree_compile.steps(project) if s.name == "rk3588/tiny/cpu-aarch64"]
+    assert arm.inputs["search"] == ranking
+    assert arm.cfg.search["from"] == "search" and arm.cfg.search["source"] == "host/cpu-x86_64"
+    assert [c["name"] for c in arm.cfg.search["configs"]][:1] == ["o3"]
+    # the budget is part of the step's key; search=0: no step, the base flags and why
+    assert _project(models, tmp_path / "artifacts", "host", 60).steps("search_configs")[0] \
+        .config["budget_s"] == 60.0
+    off = _project(models, tmp_path / "artifacts", "host", 0)
+    assert off.steps("search_configs") == []
+    (host,) = [s for s in iree_compile.steps(off) if s.name == "host/tiny/cpu-x86_64"]
+    assert host.cfg.search == {"from": "base", "why": host.cfg.search["why"]}
+    assert "search=0" in host.cfg.search["why"] and "search" not in host.inputs
+
+
+def _ranking(config, order, timed, not_tried=()):
+    return {"config": config, "order": order, "ranking": timed, "not_tried": list(not_tried),
+            "budget_s": 60.0, "spent_s": 58.0,
+            "candidates": {n: {"ratio_to_onnxruntime": 1.5 + k} for k, n in enumerate(order)}}
+
+
+@pytest.mark.parametrize("ranking,expect", [
+    (_ranking("o3", ["default", "o3", "im2col"], ["o3", "default"], ["im2col"]),
+     ("search", "o3", ["--iree-opt-level=O3"])),
+    (_ranking("default", ["default", "o3", "im2col"], ["default", "o3"]),
+     ("search", None, None)),
+    (_ranking("default", ["default", "o3", "im2col"], ["default"], ["o3", "im2col"]),
+     ("base", None, "used its budget of 60 s before any config besides default")),
+    (_ranking(None, ["default", "o3"], []), ("base", None, "validated no candidate")),
+    (_ranking(None, ["default", "o3"], [], ["default", "o3"]),
+     ("base", None, "used its budget of 60 s before a candidate was built and validated")),
+    (_ranking("dw-slices", ["default", "dw-slices"], ["dw-slices"]),
+     ("base", None, "ranked dw-slices first, which this ABI does not declare")),
+])
+def test_the_compile_step_applies_the_ranking(tmp_path, ranking, expect):
+    path = tmp_path / "ranking.json"
+    path.write_text(json.dumps(ranking))
+    cfg = iree_compile.Config(
+        compiler="iree", backend="llvm-cpu", flags=("--iree-opt-data-tiling",), entry="main",
+        arch="x86_64", triple="x86_64-linux-gnu", cpu="x86-64-v3", cpu_features=(),
+        search={"from": "search", "source": "host/cpu-x86_64",
+                "configs": [{"name": "o3", "flags": ["--iree-opt-level=O3"], "rewrites": []},
+                            {"name": "im2col", "flags": ["--iree-global-opt-use-im2col-for-convs"],
+                             "rewrites": []}]})
+    ctx = SimpleNamespace(input=lambda name: path)
+    chosen, origin = iree_compile._chosen(ctx, cfg)
+    source, name, detail = expect
+    assert origin["from"] == source and origin["searched"] == "host/cpu-x86_64"
+    assert chosen.search is None
+    if name:
+        assert chosen.config == {"name": name, "flags": detail, "rewrites": [], "pin": "host"}
+        assert origin["ratio_to_onnxruntime"] == 2.5
+    else:
+        assert chosen.config is None
+    if source == "base":
+        assert detail in origin["why"]
+
+
+def test_a_search_steps_config_round_trips(tmp_path):
+    models = tmp_path / "models"
+    add_tiny_model(models, "tiny")
+    (step,) = _project(models, tmp_path / "artifacts", "host").steps("search_configs")
+    assert step.config == step.cfg.as_key()
+    assert search_configs.Config.from_key(step.config) == step.cfg
+    with pytest.raises(ValueError, match="candidates are 'default' first"):
+        dataclasses.replace(step.cfg, candidates=step.cfg.candidates[1:])
+
+
+# ----------------------------------------------------------------------------- TVM that cannot win
+def _tvm(project, target="host", model="tiny"):
+    (choose,) = [s for s in project.steps("choose") if s.name == f"{target}/{model}"]
+    built = {s.name for s in project.steps("tvm_compile")} | {s.name for s in project.steps("validate")}
+    return choose.cfg.slots[0], f"{target}/{model}/cpu-x86_64-tvm" in built
+
+
+def test_an_untuned_tvm_build_that_cannot_win_is_not_built_and_says_why(tmp_path):
+    models = tmp_path / "models"
+    spec = add_tiny_model(models, "tiny")
+    slot, built = _tvm(_project(models, tmp_path / "a", "host"))
+    assert not built and slot.candidates == ("cpu-x86_64",)
+    why = slot.skipped["cpu-x86_64-tvm"]
+    assert why.startswith("not built: an untuned TVM build cannot win") and "12-80x" in why
+    assert "cpu-x86_64 is built for slot cpu" in why and "untuned=1" in why
+    (manifest,) = _project(models, tmp_path / "a", "host").steps("manifest")
+    assert next(m for m in manifest.config["models"] if m["name"] == "tiny")["skipped"][
+        "cpu-x86_64-tvm"] == why
+    # overridden: untuned=1, a tuning budget, or the model's explicit choice of it
+    assert _tvm(dataclasses.replace(_project(models, tmp_path / "b", "host"), untuned=True))[1]
+    text = spec.read_text()
+    spec.write_text(text + "tvm:\n  tune:\n    host: {trials: 8, per_task: 2}\n")
+    assert _tvm(_project(models, tmp_path / "c", "host"))[1]
+    spec.write_text(text + "ship:\n  host: {cpu: cpu-x86_64-tvm}\n")
+    slot, built = _tvm(_project(models, tmp_path / "d", "host"))
+    assert built and slot.explicit == "cpu-x86_64-tvm"
+
+
+def test_a_model_iree_cannot_take_still_builds_tvm(tmp_path):
+    models = tmp_path / "models"
+    add_tiny_model(models, "tiny")
+    project = _project(models, tmp_path / "a", "host")
+    path = coverage_file(project.layout, "host", "tiny")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"compilers": {
+        "iree": {"status": "skipped", "unsupported": [{"op": "Foo", "why": "no converter"}]},
+        "tvm": {"status": "ok"}}}))
+    slot, built = _tvm(_project(models, tmp_path / "a", "host"))
+    assert built and slot.candidates == ("cpu-x86_64-tvm",)
+
+
+# ----------------------------------------------------------------------------- int8 that pays or says so
+def test_a_variant_slower_than_fp32_says_so_in_the_bench_summary():
+    row = lambda m, p50: {"model": m, "abi": "cpu-x86_64", "p50_ms": p50,
+                          "onnxruntime": {"p50_ms": 1.0}}
+    art = lambda size: {"artifacts": {"cpu-x86_64": {"size": size}}}
+    manifest = {"models": {"m": art(400), "m.int8": {**art(100), "variant_of": "m",
+                                                      "precision": "int8"}}}
+    (slow,) = variant_rows([row("m", 2.0), row("m.int8", 2.5)], [], manifest)
+    assert slow["speedup"] == 0.8 and slow["pays"] is False
+    assert slow["verdict"].startswith("the int8 artifact is SLOWER than its fp32 build here: "
+                                      "p50 2.500 ms vs 2.000 ms (0.80x)")
+    assert any(slow["verdict"] in line for line in variant_table([slow]))
+    (fast,) = variant_rows([row("m", 2.0), row("m.int8", 1.0)], [], manifest)
+    assert fast["pays"] is True and "verdict" not in fast
+    assert not [l for l in variant_table([fast]) if "SLOWER" in l]
+    assert "SLOWER than its fp32 build" in verdicts_html([slow, fast])
+    assert verdicts_html([fast]) == ""
