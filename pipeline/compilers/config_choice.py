@@ -1,9 +1,10 @@
 """Which declared config an IREE CPU ABI of a model is built with, and where that came from.
 
     pin     models/<m>/configs/<target>.yaml (`doit search`, or the ABI it follows): always wins;
-    search  no pin: the ranking of this build's `search_configs` step for the model and the host
-            ABI that is timed here (the ABI itself, or the one it follows: `configs_from`),
-            within the build's search budget (`search=SECONDS`);
+    search  no pin: the ranking of this build's `search_configs` step for the model and the ABI,
+            timed here within the build's search budget (`search=SECONDS`); an ABI that follows
+            another (`configs_from`, aarch64) takes a config from a pin only, since `doit search`
+            validates the host's candidates under qemu before it pins one, and this does not;
     base    no pin and no search (`search=0`): the ABI's own flags, and the reason.
 An ABI that declares no `configs:` has nothing to choose (None).
 
@@ -69,6 +70,14 @@ def decide(project, model, target, abi) -> dict | None:
     if pinned is not None:
         return {"from": "pin", "config": pinned}
     source = search_source(target, abi)
+    if source is not None and not timed_here(abi):
+        # A config right on x86 can be beyond the tolerance on aarch64 (docs/configs.md): only a
+        # pin, which `doit search` validated under qemu before pinning, carries the host's choice
+        # over; the in-build search's winner was validated on the host alone.
+        return {"from": "base", "why": f"no pin: this build's search of {abi.configs_from} was "
+                                       f"validated on the host only, and an aarch64 build takes a "
+                                       f"searched config from a pin (`doit search` checks it "
+                                       f"under qemu first)"}
     if source is None:
         return {"from": "base", "why": f"no pin, and {abi.configs_from or 'no ABI timed here'} "
                                        f"cannot be searched on this machine"}
