@@ -245,13 +245,22 @@ def test_records_with_unsafe_output_names_are_refused(name):
 
 
 def test_an_unusable_url_warns_once_and_builds_locally(tmp_path, capsys):
-    store.configure(tmp_path, url="nosuchproto://host/cache", push=True)
+    # s3:// is a scheme fsspec serves, through s3fs, which this venv does not install
+    store.configure(tmp_path, url="s3://bucket/cache", push=True)
     st = Store(tmp_path / ".store")
     assert st.lookup(KEY_A) is None and st.lookup(KEY_B) is None
     st.put(KEY_A, "demo", outputs_in(tmp_path / "o", **{"m": b"m"}))
     (line,) = warnings(capsys)
-    assert "remote cache nosuchproto://host/cache: opening the cache failed" in line
+    assert "remote cache s3://bucket/cache: opening the cache failed" in line
     assert "building locally" in line
+
+
+def test_a_url_whose_scheme_nothing_serves_is_refused_at_once(tmp_path):
+    """a typo (htps://) or a scheme no fsspec file system knows is a wrong input, not a remote
+    that is down: refused at configuration, before any step (a no-op build would never ask)."""
+    for url in ("nosuchproto://host/cache", "htps://cache.example.org"):
+        with pytest.raises(PipelineError, match=r"cache=.*no file system serves the scheme"):
+            store.configure(tmp_path, url=url)
 
 
 def test_configure_rejects_an_unreadable_key_at_once(tmp_path):
