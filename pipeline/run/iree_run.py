@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from pipeline.core.tools import CANNOT_WRITE
+from pipeline.run import spin
 from pipeline.run.iree_load import to_host
 
 
@@ -26,7 +27,15 @@ def main(argv=None) -> int:
     parser.add_argument("--input", action="append", default=[])
     parser.add_argument("--output", action="append", default=[])
     args = parser.parse_args(argv)
+    if args.device != "vulkan":
+        return _run(args)
+    with spin.Watcher() as watcher:  # IREE's Vulkan driver spins on lavapipe (spin.py)
+        rc = _run(args)
+    print(watcher.describe(), file=sys.stderr)
+    return rc
 
+
+def _run(args) -> int:
     import numpy as np  # numpy: 0.2 s, not needed by doit list
     import iree.runtime as rt  # iree.runtime: 1.5 s, not needed by doit list
 

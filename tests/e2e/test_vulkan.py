@@ -149,3 +149,45 @@ def test_a_skipped_abi_is_recorded_with_its_reason(tmp_path):
     bad.write_text(bad.read_text() + "skip:\n  'vulkan-*': ''\n")
     result = ws.build("target=rk3588", check=False)
     assert result.returncode != 0 and "a skip without a reason is not allowed" in result.stderr
+
+
+def test_lavapipe_validation_demotes_the_spinning_threads_and_keeps_the_bytes(tmp_path):
+    """IREE's Vulkan driver spins on lavapipe (run/spin.py): the validation's runner demotes the
+    spinning threads to SCHED_IDLE, says so in the step's log, and the outputs are the same
+    bytes as a run without the watcher."""
+    devices, why = vulkan.query_devices(vulkan.driver_env("lavapipe"))
+    require(bool(devices), f"lavapipe missing: {why}")
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    (targets / "gpu.yaml").write_text(  # the flag makes this subgraph right on llvmpipe
+        "abis:\n  vulkan-llvmpipe:\n    compiler: iree\n    backend: vulkan-spirv\n"
+        "    vulkan_target: llvmpipe\n"
+        "    flags: [--iree-dispatch-creation-enable-fuse-padding-into-linalg-consumer-ops]\n"
+        "    run: {via: vulkan, driver: lavapipe}\n")
+    ws = Workspace(tmp_path / "ws")
+    import shutil
+    shutil.copytree(REPO / "tests/fixtures/ppocr_cls_vulkan_bug", ws.models / "cls_part")
+    ws.build(f"targets={targets}")
+    log = (ws.artifacts / "logs/validate/gpu_cls_part_vulkan-llvmpipe.log").read_text()
+    demoted = int(log.split("spin watcher: ")[1].split()[0])
+    assert demoted >= 1, log  # lavapipe compiles the kernels for seconds: the spinners show
+
+    vmfb = ws.artifacts / "gpu/cls_part/vulkan-llvmpipe/iree_compile/model.vmfb"
+    x = ws.artifacts / "models/cls_part/golden/input_0.npy"
+    runs = {}
+    for mode in ("watched", "plain"):  # each with an empty Mesa cache: lavapipe compiles again
+        env = vulkan.driver_env("lavapipe", shader_cache=tmp_path / f"mesa-{mode}")
+        out = tmp_path / f"{mode}.npy"
+        args = dict(module=str(vmfb), function="main", device="vulkan", input=[str(x)],
+                    output=[str(out)])
+        argv = ["--module", str(vmfb), "--function", "main", "--device", "vulkan",
+                "--input", str(x), "--output", str(out)]
+        code = "import argparse, sys\nfrom pipeline.run import iree_run\n" + (
+            f"sys.exit(iree_run.main({argv!r}))" if mode == "watched" else
+            f"sys.exit(iree_run._run(argparse.Namespace(**{args!r})))")  # as before the watcher
+        run = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stderr
+        runs[mode] = (out.read_bytes(), run.stderr)
+    assert "spin watcher: " in runs["watched"][1] and "spin watcher" not in runs["plain"][1]
+    assert runs["watched"][0] == runs["plain"][0]
