@@ -1,7 +1,7 @@
 """Nothing silent, nothing lost (issue 38, part A): what a user types wrong is refused in one
 line that says what to do, and leaves the artifacts folder as it was.
 
-The same cases through `doit` itself: tests/e2e/test_cli_inputs.py.
+The same cases through `doit` itself: tests/e2e/test_cli_refusals.py.
 """
 from __future__ import annotations
 
