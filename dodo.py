@@ -19,7 +19,6 @@ Variables (name=value after the command): `doit help COMMAND` lists those it tak
 one table in pipeline/core/variables.py; a name no command takes is refused.
 """
 import atexit
-import dataclasses
 import functools
 import sys
 import threading
@@ -55,7 +54,7 @@ from pipeline.diagnose import bisect
 from pipeline.graph import STAGES, load_project, timeline
 from pipeline.graph.scaffold import new_model
 from pipeline.release import cache, release, signing, verify
-from pipeline.stages import accuracy, coverage, search_configs, tvm_tune
+from pipeline.stages import accuracy, coverage, tvm_tune
 
 try:
     PROJECT = load_project(models=get_var("models", "models"),
@@ -64,13 +63,11 @@ try:
                            targets_dir=get_var("targets", None),
                            farm={"tracker": get_var("tracker", None), "key": get_var("key", None),
                                  "emulated": get_var("emulated", "0") in ("1", "true", "yes")},
-                           need_models=variables.needs_models(sys.argv[1:]))
-    # search=SECONDS (or $MODELYARD_SEARCH, or [tool.modelyard] search): the time the build may
-    # spend ranking the configs of a model with no pin, per host ABI (stages/search_configs.py)
-    # untuned=1: build the untuned TVM artifacts that cannot win too (compilers/builds.py cannot_win)
-    PROJECT = dataclasses.replace(PROJECT, search=search_configs.parse_budget(
-        setting("search", get_var("search", None), env="MODELYARD_SEARCH")),
-        untuned=flag("untuned", get_var("untuned", None), env="MODELYARD_UNTUNED"))
+                           need_models=variables.needs_models(sys.argv[1:]),
+                           # search=SECONDS: the time a model with no pin may spend ranking its
+                           # configs (stages/search_configs.py); untuned=1: build the untuned TVM
+                           # artifacts that cannot win too (compilers/builds.py cannot_win)
+                           search=get_var("search", None), untuned=get_var("untuned", None))
 except PipelineError as err:
     print(f"modelyard: {err.render()}", file=sys.stderr)
     raise SystemExit(2)

@@ -14,11 +14,13 @@ from ..compilers import iree_targets
 from ..core.errors import PipelineError, SpecError
 from ..core.layout import Layout
 from ..core.lock import writable
+from ..core.settings import flag, setting
 from ..core.steps import Step
 from ..core.store import use_memo
 from ..spec import TARGETS_DIR, ModelSpec, TargetSpec, display, known_targets, load_models, load_target
 from ..spec.ship import check_explicit
 from ..spec.target import check_skips, load_pins
+from ..stages.search_configs import parse_budget
 from .stages import BY_NAME
 
 
@@ -41,8 +43,11 @@ class Project:
 
 def load_project(models: str | Path, artifacts: str | Path, target: str | None,
                  targets_dir: str | Path | None = None, farm: dict | None = None,
-                 need_models: bool = False) -> Project:
+                 need_models: bool = False, search: str | None = None,
+                 untuned: str | None = None) -> Project:
     """Specs validated up front (all problems at once); target=None means every known target.
+    search, untuned: the doit variables as given; unset, $MODELYARD_SEARCH / $MODELYARD_UNTUNED or
+    [tool.modelyard] decide, for `doit` and for code that loads a project itself alike.
     need_models: a models folder without a model is an error (dodo.py: for the commands that
     read the models; not for `doit new`, `verify`...). A models folder that is missing, or is a
     model's own folder, is one for every command."""
@@ -69,7 +74,9 @@ def load_project(models: str | Path, artifacts: str | Path, target: str | None,
     for line in warnings:
         print(f"modelyard: warning: {line}", file=sys.stderr)
     return Project(layout, specs, targets, proxies=proxies, farm=dict(farm or {}),
-                   configs=configs, pinned_slots=pinned_slots)
+                   configs=configs, pinned_slots=pinned_slots,
+                   search=parse_budget(setting("search", search, env="MODELYARD_SEARCH")),
+                   untuned=flag("untuned", untuned, env="MODELYARD_UNTUNED"))
 
 
 _MODELS_HINT = ("give models=DIR the folder that holds one folder per model (default models/), "

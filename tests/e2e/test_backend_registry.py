@@ -2,7 +2,10 @@
 gives the very bytes, and the very manifest entry (but the step keys, which hash the code), that
 the tree before the registry gave. The figures were recorded from that tree in
 tests/fixtures/backend_registry/host_tiny.json; an artifact is compared when this machine's
-compile tools (versions, the linker's sha256) are the ones it was recorded with."""
+compile tools (versions, the linker's sha256) are the ones it was recorded with. Two fields were
+set since, on purpose: `compile.config` of the IREE CPU ABI says where its config came from (a
+pin, the build's search or the base flags: issue 39), and the choice names that config; the
+bytes are the recorded ones."""
 from __future__ import annotations
 
 import json

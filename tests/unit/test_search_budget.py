@@ -24,7 +24,8 @@ from tests.conftest import REPO, add_tiny_model
 
 
 def _project(models: Path, artifacts: Path, target: str, search: float | None = None):
-    return dataclasses.replace(load_project(models, artifacts, target), search=search)
+    """the product's defaults, whatever conftest put in the environment for the other tests"""
+    return dataclasses.replace(load_project(models, artifacts, target, untuned="0"), search=search)
 
 
 def test_candidates_go_default_first_then_most_likely_to_pay():
