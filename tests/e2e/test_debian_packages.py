@@ -222,22 +222,30 @@ def lintian_tags(packages: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- a small release
+
+def release_with_packages(ws: Workspace, targets, key, version: str):
+    """A new key pair at `key`, the C runtime (shared across test workspaces), then the rk3588
+    release of `version` as both the bundle and Debian packages; the release's CompletedProcess."""
+    from test_c_runtime import shared_runtime
+    assert ws.doit("keygen", f"key={key}").returncode == 0
+    shared_runtime(ws, "rk3588", targets)
+    r = ws.doit("release", "target=rk3588", f"version={version}", f"key={key}", f"targets={targets}",
+                "format=tar,deb")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> dict:
     """A small model built for rk3588's CPU ABIs (IREE's and TVM's both ship), released with
     format=tar,deb."""
-    from test_c_runtime import registry, shared_runtime
+    from test_c_runtime import registry
     require_aarch64()
     root = tmp_path_factory.mktemp("debian")
     ws = Workspace(root / "ws")
     add_tiny_model(ws.models, "alpha", seed=3)
     targets = registry(root / "targets")
     key = root / "key.pem"
-    assert ws.doit("keygen", f"key={key}").returncode == 0
-    shared_runtime(ws, "rk3588", targets)
-    r = ws.doit("release", "target=rk3588", "version=1.0.0-rc.1", f"key={key}", f"targets={targets}",
-                "format=tar,deb")
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = release_with_packages(ws, targets, key, "1.0.0-rc.1")
     return {"ws": ws, "key": key, "targets": targets, "out": r.stdout,
             "packages": ws.artifacts / "packages" / "rk3588" / "1.0.0-rc.1",
             "release": ws.artifacts / "releases" / "rk3588" / "1.0.0-rc.1"}

@@ -13,8 +13,8 @@ import json
 import subprocess
 
 from conftest import REPO, Workspace, ran, require_aarch64, sha256, target_registry
-from test_c_runtime import QEMU, shared_runtime
-from test_debian_packages import firmware_check, rebuilt_identical
+from test_c_runtime import QEMU
+from test_debian_packages import firmware_check, rebuilt_identical, release_with_packages
 from pipeline.core.signing import load_public_key
 from pipeline.graph import load_project
 
@@ -82,11 +82,7 @@ def check_release_on_the_board(ws, targets, tmp_path):
     bundle's golden test vectors and recorded tolerance; then the same release as Debian packages
     in an arm64 Debian root filesystem (test_debian_packages.firmware_check: reuses this build)."""
     key = tmp_path / "key.pem"
-    assert ws.doit("keygen", f"key={key}").returncode == 0
-    shared_runtime(ws, "rk3588", targets)
-    r = ws.doit("release", "target=rk3588", "version=1.0.0", f"key={key}", f"targets={targets}",
-                "format=tar,deb")
-    assert r.returncode == 0, r.stdout + r.stderr
+    release_with_packages(ws, targets, key, "1.0.0")
     rel = ws.artifacts / "releases" / "rk3588" / "1.0.0"
     models = json.loads((rel / "release.json").read_text())["models"]
     exe = str(rel / "runtime" / "aarch64" / "bin" / "modelyard-run")

@@ -53,6 +53,14 @@ def do_release(ws: Workspace, target: str, version: str, key: Path | None, check
     return result
 
 
+def unreleased_copy(ws: Workspace, root: Path) -> tuple[Workspace, Path]:
+    """ws's models and artifacts copied under root, without its releases; (the copy, its host
+    build manifest)."""
+    shutil.copytree(ws.models, root / "models")
+    shutil.copytree(ws.artifacts, root / "artifacts", ignore=shutil.ignore_patterns("releases"))
+    return Workspace(root), root / "artifacts" / "host" / "manifest.json"
+
+
 def flip_byte(path: Path, offset: int = 1000) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
@@ -424,10 +432,7 @@ def test_bad_version_or_key_is_a_clear_error_and_writes_nothing(released, tmp_pa
 
 def test_unvalidated_artifact_is_refused_unless_the_spec_waives_it(released, tmp_path):
     ws, key, _ = released
-    shutil.copytree(ws.models, tmp_path / "models")
-    shutil.copytree(ws.artifacts, tmp_path / "artifacts", ignore=shutil.ignore_patterns("releases"))
-    copy = Workspace(tmp_path)
-    build = tmp_path / "artifacts" / "host" / "manifest.json"
+    copy, build = unreleased_copy(ws, tmp_path)
     doc = json.loads(build.read_text())
     doc["models"]["alpha"]["artifacts"]["cpu-x86_64"]["validation"]["status"] = "twin-passed"
     build.write_text(json.dumps(doc))
@@ -558,10 +563,7 @@ def test_a_manifest_with_no_model_is_refused(released, tmp_path):
     """A build manifest that lists no model, or only models without an artifact for the target
     (every ABI skipped): nothing to release, and the error says what to do."""
     ws, key, _ = released
-    shutil.copytree(ws.models, tmp_path / "models")
-    shutil.copytree(ws.artifacts, tmp_path / "artifacts", ignore=shutil.ignore_patterns("releases"))
-    copy = Workspace(tmp_path)
-    build = tmp_path / "artifacts" / "host" / "manifest.json"
+    copy, build = unreleased_copy(ws, tmp_path)
     doc = json.loads(build.read_text())
     for models in ({}, {"alpha": {**doc["models"]["alpha"], "artifacts": {}}}):
         build.write_text(json.dumps({**doc, "models": models}))
