@@ -28,7 +28,7 @@ from doit import create_after, get_var
 
 from pipeline.core import noop, reporter, variables
 
-sys.excepthook = reporter.excepthook  # Ctrl-C: one line naming the step, not a traceback
+reporter.install()  # Ctrl-C: one line naming the step, not a traceback (nor an abort in an import)
 
 # A variable no command takes is refused before anything else, the no-op fast path included
 # (doit ignores it: `modles=DIR` would answer for models/). The table: pipeline/core/variables.py.

@@ -8,9 +8,14 @@ a PipelineError) is printed as doit prints it.
 
 Ctrl-C: `excepthook` turns the KeyboardInterrupt that ends the command into one line naming the
 step that was running; a step's outputs are published by rename, so the same command resumes.
+`on_sigint` holds the KeyboardInterrupt back while a module is being imported: onnx and onnxsim
+are nanobind extensions whose module init calls back into Python, and an exception raised there
+ends the process in C++'s `terminate` (abort, a traceback and no line), not in Python.
 """
 from __future__ import annotations
 
+import _thread
+import signal
 import sys
 import threading
 
@@ -103,3 +108,28 @@ def excepthook(kind, value, tb) -> None:
              "between steps" if _started else "before any step ran")
     print(f"\nmodelyard: interrupted {where}; run the same command to resume", file=sys.stderr,
           flush=True)
+
+
+def _importing(frame) -> bool:
+    """Whether the main thread is inside an import (a module's init may be running in C++)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def on_sigint(signum, frame) -> None:
+    """SIGINT's handler: KeyboardInterrupt, but not inside an import: retried 50 ms later."""
+    if _importing(frame):
+        timer = threading.Timer(0.05, _thread.interrupt_main, (signal.SIGINT,))
+        timer.daemon = True
+        timer.start()
+        return
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """Ctrl-C as one line, never inside an import (dodo.py calls it once, in the main thread)."""
+    sys.excepthook = excepthook
+    signal.signal(signal.SIGINT, on_sigint)

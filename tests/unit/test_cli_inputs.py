@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import re
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -222,3 +225,34 @@ def test_ctrl_c_is_one_line_naming_the_running_step(capsys, monkeypatch):
     monkeypatch.setattr(reporter, "_started", False)
     reporter.excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)
     assert "interrupted before any step ran" in capsys.readouterr().err
+
+
+def test_ctrl_c_inside_an_import_is_held_until_the_import_is_done(tmp_path, monkeypatch):
+    """A nanobind module's init (onnx) calls back into Python: KeyboardInterrupt raised there
+    aborts the process in C++. The handler lets the import finish, then interrupts."""
+    (tmp_path / "slow_native_init.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "for _ in range(30):\n"
+        "    time.sleep(0.01)\n"      # the handler runs here, between bytecodes, inside the import
+        "DONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = signal.signal(signal.SIGINT, reporter.on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            import slow_native_init  # noqa: F401
+            time.sleep(2)  # the held-back interrupt arrives 50 ms after the import
+        assert sys.modules["slow_native_init"].DONE
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.modules.pop("slow_native_init", None)
+
+
+def test_ctrl_c_outside_an_import_interrupts_at_once():
+    previous = signal.signal(signal.SIGINT, reporter.on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
