@@ -20,6 +20,13 @@ integer  class ids, token ids, quantized uint8/int8 tensors: element by element,
   quantized output may be allowed `tol.integer_steps` quantization steps (default 0). The row
   gives `mismatches` (elements off by any step), `mismatch_fraction` and `max_steps`; max_abs and
   mean_abs are in steps. Exact for every integer dtype (int8 -128 vs 127 is 255 steps).
+  A tolerance without integer_steps whose max_abs is 1 or more (`max_abs: 4` for a uint8
+  output) means steps: an integer difference within max_abs is that many steps, so max_abs is
+  read as integer_steps and the row says so (`integer_steps: 4, integer_steps_from: max_abs`).
+  Such a max_abs must then be a whole number: 2.5 steps is no bound a user meant, and the spec
+  is refused (integer_max_abs_problem; a tolerance that reaches compare anyway fails the row
+  with the same words). A max_abs below 1 (the usual 1e-4 of a model with float and integer
+  outputs) leaves integer outputs exact: no integer difference fits under it.
 bool     masks: `mismatches` and `mismatch_fraction`, which must be at most
   `tol.bool_mismatch` (default 0: exact); max_abs is 1 if any element differs, mean_abs the
   fraction.
@@ -108,6 +115,31 @@ def tolerance_problems(name: str, tolerance: dict):
         yield f"{name}.bool_mismatch must be a fraction of the elements, 0 to 1, got {fraction!r}"
 
 
+def integer_steps(tol: dict) -> tuple[int, str | None]:
+    """How many steps an integer output may be off under `tol`, and where that came from:
+    (integer_steps, "integer_steps") when the tolerance gives it, (max_abs, "max_abs") when it
+    does not and max_abs is a whole number of at least 1, else (0, None): exact. A non-whole
+    max_abs of 1 or more is integer_max_abs_problem's (it reads as 0 steps here: the caller
+    has refused it)."""
+    if "integer_steps" in tol:
+        return tol["integer_steps"], "integer_steps"
+    bound = tol["max_abs"]
+    if bound >= 1 and float(bound).is_integer():
+        return int(bound), "max_abs"
+    return 0, None
+
+
+def integer_max_abs_problem(name: str, tol: dict) -> str | None:
+    """Why `tol` cannot judge an integer output (its max_abs >= 1 is no whole number of steps
+    and integer_steps does not say how many), or None."""
+    bound = tol["max_abs"]
+    if "integer_steps" in tol or bound < 1 or float(bound).is_integer():
+        return None
+    return (f"{name}.max_abs {bound:g} is not a whole number of steps, and the model has an "
+            f"integer output, which max_abs judges in steps (|difference| <= max_abs): give "
+            f"{name}.integer_steps (e.g. {int(bound)}) for the integer outputs, or a whole max_abs")
+
+
 def _kind(dtype) -> str:
     """Which rule judges an output of this dtype (see the module docstring)."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
@@ -158,6 +190,14 @@ def compare_one(name: str, actual: np.ndarray, expected: np.ndarray, tol: dict,
                                                "mean_abs": bounds["mean_abs"]}
     if bounds is not None:
         row["tolerance"] = bounds
+    if kind == "integer":
+        problem = integer_max_abs_problem("tolerance", tol)
+        if problem is not None:
+            row["failures"].append(problem)
+            return row
+        applied = {**applied, "integer_steps": integer_steps(tol)[0]}
+        if integer_steps(tol)[1] == "max_abs":
+            row.update(integer_steps=applied["integer_steps"], integer_steps_from="max_abs")
     judge = {"float": _floats, "integer": _integers, "bool": _bools}[kind]
     judge(row, actual.ravel(), expected.ravel(), applied)
     for k, failure in enumerate(row["failures"]):  # where a bound above the declared one came from
@@ -242,15 +282,18 @@ def _steps_text(n: int) -> str:
 def _integers(row: dict, actual, expected, tol: dict) -> None:
     steps, allowed, n = _steps(actual, expected), tol["integer_steps"], actual.size
     off, most = int((steps != 0).sum()), int(steps.max()) if n else 0
+    source = (f" (the tolerance's max_abs {allowed} read as steps: integer_steps not given)"
+              if row.get("integer_steps_from") == "max_abs" else "")
     row.update(max_abs=float(most), mean_abs=float(steps.mean()) if n else 0.0,
                cosine_skipped="integer output: compared element by element, "
-                              + (f"within {_steps_text(allowed)}" if allowed else "exactly"),
+                              + (f"within {_steps_text(allowed)}" if allowed else "exactly") + source,
                mismatches=off, mismatch_fraction=off / n if n else 0.0, max_steps=most)
     if most <= allowed:
         return
     row["failures"].append(
         f"{int((steps > allowed).sum())} of {n} elements differ by more than the tolerance's "
-        f"integer_steps {allowed} (by up to {_steps_text(most)})" if allowed else
+        f"{row.get('integer_steps_from', 'integer_steps')} {allowed} (by up to "
+        f"{_steps_text(most)})" if allowed else
         f"{off} of {n} elements differ (by up to {_steps_text(most)}): an integer output must "
         f"match exactly (or within tolerance.integer_steps)")
 

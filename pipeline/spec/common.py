@@ -156,15 +156,19 @@ class Tolerance:
     max_abs: float
     mean_abs: float
     cosine: float  # minimum cosine similarity
-    integer_steps: int = 0      # how far an integer output element may be off
+    integer_steps: int | None = None  # how far an integer output element may be off; None: not
+    # given (an integer output is then exact, or max_abs steps when max_abs is a whole number >= 1)
     bool_mismatch: float = 0.0  # the fraction of a bool output's elements that may differ
 
     def as_dict(self) -> dict:
-        """What core.numerics.compare takes; an optional key only where the spec set it apart
-        from its default (a spec that gives neither keeps its step keys and records)."""
-        given = {"integer_steps": self.integer_steps, "bool_mismatch": self.bool_mismatch}
+        """What core.numerics.compare takes; integer_steps where the spec gives it (a given 0
+        keeps integer outputs exact whatever max_abs says), bool_mismatch where it is not 0 (a
+        spec that gives neither keeps its step keys and records)."""
+        steps = {} if self.integer_steps is None else {"integer_steps": self.integer_steps}
+        odd = {} if self.bool_mismatch == TOLERANCE_DEFAULTS["bool_mismatch"] else {
+            "bool_mismatch": self.bool_mismatch}
         return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "cosine": self.cosine,
-                **{k: v for k, v in given.items() if v != TOLERANCE_DEFAULTS[k]}}
+                **steps, **odd}
 
 
 class ToleranceDoc(Doc):
@@ -180,13 +184,15 @@ class ToleranceDoc(Doc):
     """the minimum cosine similarity of outputs and golden outputs"""
     integer_steps: Annotated[int, Field(ge=0)] = 0
     """how many steps an integer output element may be off (a quantized uint8/int8 output:
-    quantization steps); 0: exact"""
+    quantization steps); 0: exact. Not given: max_abs, when it is a whole number of at least 1,
+    is read as steps (a spec whose max_abs of 1 or more is no whole number is refused for a
+    model with integer outputs); else exact"""
     bool_mismatch: Fraction = 0.0
     """the fraction of a bool output's elements that may differ; 0: exact"""
 
     def spec(self) -> Tolerance:
-        return Tolerance(self.max_abs, self.mean_abs, self.cosine, self.integer_steps,
-                         self.bool_mismatch)
+        steps = self.integer_steps if "integer_steps" in self.model_fields_set else None
+        return Tolerance(self.max_abs, self.mean_abs, self.cosine, steps, self.bool_mismatch)
 
 
 def check_via(arch: str | None, via: str | None, where: str, problems: list) -> bool:

@@ -34,6 +34,7 @@ from .tvm import parse_model as parse_tvm
 from .variants import Variants
 from .variants import parse as parse_variants
 from ..core.errors import SpecError, unknown_keys
+from ..core.numerics import integer_max_abs_problem
 from ..core.store import atomic_write_text, canonical_json, sha256_file
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
@@ -283,6 +284,8 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                             f"{signature['error']}")
         elif doc.inputs is not None:
             _check_against_model(signature, declared, inputs, where, problems)
+        if "error" not in signature and tolerance is not None:
+            _check_integer_tolerance(signature, tolerance, where, problems)
     release = _release(doc.release, signature, where, problems)
     preprocessing, variants = parse_variants(doc.preprocessing, doc.variants, folder,
                                              {n: None for n in declared} | {
@@ -306,6 +309,19 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                      ship=parse_ship(doc.ship),
                      npu=doc.npu.model_dump(exclude_none=True) if doc.npu else {})
     return expand_shapes(spec, shape_variants), []
+
+
+INTEGER_DTYPES = ("int64", "int32", "int8", "uint8", "int16", "uint16", "uint32", "uint64")
+
+
+def _check_integer_tolerance(signature: dict, tolerance: Tolerance, where: str, problems: list):
+    """A max_abs of 1 or more judges an integer output in steps (core.numerics.integer_steps):
+    one that is no whole number of steps, with no integer_steps to say how many, is refused
+    here, before anything is built, when the model's outputs show an integer one."""
+    integer = [o["name"] for o in signature.get("outputs", []) if o.get("dtype") in INTEGER_DTYPES]
+    problem = integer and integer_max_abs_problem("tolerance", tolerance.as_dict())
+    if problem:
+        problems.append(f"{where}: {problem} (integer outputs: {', '.join(integer)})")
 
 
 def _source(doc: SourceDoc | None, folder: Path, where: str, problems: list,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 from pydantic import ValidationError
 
-from pipeline.core.numerics import (compare, compare_one, describe_failures, summary,
+from pipeline.core.numerics import (compare, compare_one, describe_failures,
+                                    integer_max_abs_problem, integer_steps, summary,
                                     tolerance_problems, worst_cosine)
 from pipeline.spec.common import ToleranceDoc
 
@@ -95,6 +97,20 @@ CASES = [
     ("integer ignores the float tolerance", at(U8, 0, 1), U8,
      {"integer_steps": 1, "max_abs": 0.0, "mean_abs": 0.0, "cosine": 1.0}, True, None,
      {"max_steps": 1}),
+    # issue 40: `max_abs: 4` for a uint8 output means steps (integer_steps not given)
+    ("uint8 three steps off, max_abs 4 read as steps", at(U8, 1, 13), U8, {"max_abs": 4}, True,
+     None, {"integer_steps": 4, "integer_steps_from": "max_abs", "max_steps": 3}),
+    ("uint8 five steps off, max_abs 4 read as steps", at(U8, 1, 15), U8, {"max_abs": 4.0}, False,
+     "1 of 8 elements differ by more than the tolerance's max_abs 4 (by up to 5 steps)",
+     {"integer_steps_from": "max_abs"}),
+    ("integer_steps given wins over max_abs", at(U8, 1, 13), U8, {"max_abs": 4, "integer_steps": 1},
+     False, "integer_steps 1", {"max_steps": 3}),
+    ("integer_steps 0 given keeps it exact", at(U8, 1, 11), U8, {"max_abs": 4, "integer_steps": 0},
+     False, "must match exactly", {}),
+    ("max_abs below 1 leaves integers exact", at(U8, 1, 11), U8, {"max_abs": 0.5}, False,
+     "must match exactly", {}),
+    ("max_abs 2.5 is no number of steps", U8, U8, {"max_abs": 2.5}, False,
+     "tolerance.max_abs 2.5 is not a whole number of steps", {"max_abs": None}),
     ("int8 extremes, no overflow", np.array([127], np.int8), np.array([-128], np.int8), {}, False,
      "by up to 255 steps", {"max_steps": 255}),
     ("int64 extremes", np.array([2**63 - 1]), np.array([-2**63]), {}, False, "differ",
@@ -195,6 +211,59 @@ def test_tolerance_problems(tolerance, problem):
         assert problems == []
     else:
         assert len(problems) == 1 and problem in problems[0] and problems[0].startswith("tolerance")
+
+
+def test_integer_max_abs_reads_as_steps_and_the_row_says_so():
+    row = compare_one("q", at(U8, 1, 13), U8, {**TOL, "max_abs": 4})
+    assert "within 4 steps (the tolerance's max_abs 4 read as steps" in row["cosine_skipped"]
+    assert integer_steps({**TOL, "max_abs": 4}) == (4, "max_abs")
+    assert integer_steps({**TOL, "max_abs": 4, "integer_steps": 2}) == (2, "integer_steps")
+    assert integer_steps(TOL) == (0, None)
+    assert integer_max_abs_problem("tolerance", {**TOL, "max_abs": 1.5}).startswith(
+        "tolerance.max_abs 1.5 is not a whole number of steps")
+    assert integer_max_abs_problem("tolerance", {**TOL, "max_abs": 1.5, "integer_steps": 1}) is None
+    # a float output keeps max_abs as it is
+    assert compare_one("f", SIGNAL + 3, SIGNAL, {**TOL, "max_abs": 4})["failures"] != []
+
+
+def _spec(tmp_path, tolerance: dict, out_dtype: int):
+    """A one-Identity ONNX model (float input, an output of `out_dtype` through Cast) and its
+    model.yaml with `tolerance`; what load_model makes of them."""
+    import onnx
+    from onnx import TensorProto, helper
+    from pipeline.core.store import sha256_file
+    from pipeline.spec.model import load_model
+    folder = tmp_path / "models" / "q"
+    folder.mkdir(parents=True)
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=out_dtype)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", out_dtype, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              folder / "q.onnx")
+    spec = {"source": {"path": "q.onnx", "sha256": sha256_file(folder / "q.onnx")},
+            "inputs": {"x": {"shape": [1, 4], "dtype": "float32"}}, "tolerance": tolerance}
+    (folder / "model.yaml").write_text(yaml.safe_dump(spec))
+    return load_model(folder / "model.yaml")
+
+
+def test_a_non_whole_max_abs_for_an_integer_output_is_a_spec_error(tmp_path):
+    from onnx import TensorProto
+    specs, problems = _spec(tmp_path, {**TOL, "max_abs": 2.5}, TensorProto.UINT8)
+    assert specs is None and len(problems) == 1
+    assert ("tolerance.max_abs 2.5 is not a whole number of steps" in problems[0]
+            and "integer outputs: y" in problems[0]), problems
+
+
+@pytest.mark.parametrize("tolerance, out_dtype, recorded", [
+    ({**TOL, "max_abs": 4}, "UINT8", {**TOL, "max_abs": 4}),  # compare reads it as 4 steps
+    ({**TOL, "max_abs": 2.5}, "FLOAT", {**TOL, "max_abs": 2.5}),  # no integer output: a float bound
+    ({**TOL, "max_abs": 2.5, "integer_steps": 2}, "UINT8", {**TOL, "max_abs": 2.5, "integer_steps": 2}),
+    ({**TOL, "integer_steps": 0}, "UINT8", {**TOL, "integer_steps": 0}),  # a given 0 is recorded
+])
+def test_specs_that_say_how_integer_outputs_are_judged_load(tmp_path, tolerance, out_dtype, recorded):
+    from onnx import TensorProto
+    specs, problems = _spec(tmp_path, tolerance, getattr(TensorProto, out_dtype))
+    assert problems == [] and specs[0].tolerance.as_dict() == recorded
 
 
 def test_the_spec_gives_what_compare_takes():
