@@ -15,7 +15,7 @@ from pathlib import Path
 from ..core.tools import python_module_argv, run_tool
 from ..spec.model import read_signature as onnx_signature
 from ..spec.sources import DIRECT_TFLITE, NNEF_TOOLS_TFLITE, ROUTES, read_signature
-from . import tflite_rewrite
+from . import tflite_rewrite, tflite_state
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -114,10 +114,10 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> dict:
         _clean_onnx(out, read_signature(source))
         return {"route": ROUTES["nnef"][0], "attempts": [{"route": ROUTES["nnef"][0], "status": "used"}],
                 "rewrites": []}
-    data = source.read_bytes()
+    data, state = _explicit_state(source.read_bytes())
     try:
         rewritten, rewrites = tflite_rewrite.rewrite(data)
-        rewrites = tflite_rewrite.check(data, rewritten, rewrites)
+        rewrites = state + tflite_rewrite.check(data, rewritten, rewrites)
     except tflite_rewrite.RewriteError as exc:
         raise ConversionError(str(exc)) from None
     attempts, signature = [], read_signature(source)
@@ -144,6 +144,20 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> dict:
             out.write_bytes(attempt.read_bytes())
             return {"route": route, "attempts": attempts, "rewrites": rewrites}
     raise ConversionError("; ".join(f"[{a['route']}] {a['reason']}" for a in attempts))
+
+
+def _explicit_state(data: bytes) -> tuple[bytes, list[dict]]:
+    """A TFLite model with resource variables as the one-subgraph model with explicit state
+    (tflite_state: each variable an input and an output `<name>_out`, the CALL_ONCE initialiser
+    folded into the initial values the record gives), checked in LiteRT against the original over
+    consecutive calls; the model as it is (and no record) when it has none."""
+    if not tflite_state.stateful(data):
+        return data, []
+    try:
+        explicit, record = tflite_state.explicit_state(data)
+        return explicit, [tflite_state.check(data, explicit, record)]
+    except tflite_state.StateError as exc:
+        raise ConversionError(f"resource variables: {exc}") from None
 
 
 def _same_interface(signature: dict, converted: Path) -> None:
@@ -264,10 +278,16 @@ def tflite_run(path: Path, arrays: dict) -> dict:
     """The TFLite interpreter (LiteRT, builtin reference-delegate-free kernels, 1 thread) on named
     inputs. A model with a custom op that tflite_rewrite knows runs with that op rewritten into
     builtins (nothing else rewritten: the reference the import stage checks its other rewrites
-    against); any other model runs as it is."""
+    against); a model with resource variables runs with them as explicit state inputs and outputs
+    (tflite_state: `arrays` gives the state, the outputs include the next one; the import stage
+    checked that rewrite against the original over consecutive calls); any other model runs as it
+    is."""
     # LiteRT: 0.1 s, not needed by doit list
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
-    data, _ = tflite_rewrite.rewrite(path.read_bytes(), only_custom=True)
+    data = path.read_bytes()
+    if tflite_state.stateful(data):
+        data = tflite_state.explicit_state(data)[0]
+    data, _ = tflite_rewrite.rewrite(data, only_custom=True)
     interp = Interpreter(model_content=data, num_threads=1,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     for d in interp.get_input_details():

@@ -40,7 +40,7 @@ from ..core.store import atomic_write_text, canonical_json, sha256_file
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 NonEmpty = Annotated[str, Field(pattern=r"\S"), Says("required, a non-empty string")]
 DEFAULT_OPSET = 17
-SIGNATURE_VERSION = 2
+SIGNATURE_VERSION = 3  # 3: a TFLite source's resource variables as state inputs/outputs
 EXTERNAL_VERSION = 2
 
 # ----------------------------------------------------------------------------- model specs

@@ -126,8 +126,54 @@ def _tflite_signature(path: Path) -> dict:
                         "dims": dims})
         return out
 
-    return {"inputs": describe(graph.InputsAsNumpy()), "outputs": describe(graph.OutputsAsNumpy()),
-            "opset": 0, "graph_name": (graph.Name() or b"").decode(), "custom_ops": custom_ops(path)}
+    signature = {"inputs": describe(graph.InputsAsNumpy()), "outputs": describe(graph.OutputsAsNumpy()),
+                 "opset": 0, "graph_name": (graph.Name() or b"").decode(), "custom_ops": custom_ops(path)}
+    state = _tflite_state(model, graph, describe)
+    if state:  # resource variables: the interface the import makes explicit (rewrite/tflite_state.py)
+        signature["inputs"] += [s["input"] for s in state]
+        signature["outputs"] += [s["output"] for s in state]
+        signature["state"] = [{"variable": s["variable"], "input": s["input"]["name"],
+                               "output": s["output"]["name"]} for s in state]
+    return signature
+
+
+def _tflite_state(model, graph, describe) -> list[dict]:
+    """The variables a TFLite model keeps between calls (VAR_HANDLE / READ_VARIABLE /
+    ASSIGN_VARIABLE in its first subgraph), as the state inputs and outputs the import stage makes
+    of them (pipeline/rewrite/tflite_state.py, the rule): each variable both read and assigned is
+    an input named after it (the first read's tensor: its shape and dtype) after the model's own
+    inputs, and an output `<name>_out` after its own outputs."""
+    import tflite  # tflite: 0.25 s, only for a TFLite source's signature (then memoised)
+    handles, order, read, assigned = {}, [], {}, set()
+    for k in range(graph.OperatorsLength()):
+        op = graph.Operators(k)
+        code = model.OperatorCodes(op.OpcodeIndex())
+        builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+        if builtin == tflite.BuiltinOperator.VAR_HANDLE:
+            options = tflite.VarHandleOptions()
+            table = op.BuiltinOptions()
+            container = shared = ""
+            if table is not None:
+                options.Init(table.Bytes, table.Pos)
+                container, shared = ((options.Container() or b"").decode(),
+                                     (options.SharedName() or b"").decode())
+            var = f"{container}/{shared}" if container else shared
+            handles[int(op.Outputs(0))] = var
+            if var not in order:
+                order.append(var)
+        elif builtin == tflite.BuiltinOperator.READ_VARIABLE:
+            var = handles.get(int(op.Inputs(0)))
+            if var not in assigned:
+                read.setdefault(var, int(op.Outputs(0)))
+        elif builtin == tflite.BuiltinOperator.ASSIGN_VARIABLE:
+            assigned.add(handles.get(int(op.Inputs(0))))
+    state = []
+    for var in order:
+        if var in read and var in assigned:
+            (tensor,) = describe([read[var]])
+            state.append({"variable": var, "input": {**tensor, "name": var},
+                          "output": {**tensor, "name": f"{var}_out"}})
+    return state
 
 
 def custom_ops(path: Path) -> list[str]:
