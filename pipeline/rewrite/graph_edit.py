@@ -25,6 +25,7 @@ class Facts:
     declined: list = field(default_factory=list)    # rewrites that could not apply, left as is
     origins: dict = field(default_factory=dict)     # folded name -> where its value came from
     passes: list = field(default_factory=list)      # what each folding pass did (static.json)
+    inputs: frozenset = frozenset()                 # the input names the spec declares
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -36,8 +36,14 @@ def unroll_loops(model, facts: Facts) -> list[str]:
             continue
         replacements[k], count = plan
         m_name = node.input[0] if node.input else ""
-        how = (", ".join(sorted(facts.origins.get(m_name, set()))) or "a constant trip count"
-               if m_name else "until its condition turned false")
+        limit = int(known[m_name].reshape(-1)[0]) if m_name else None
+        if limit is None or count < limit:  # the condition ended it (a while loop)
+            read = {c for c in _outer_names_of(node) | {(list(node.input) + ["", ""])[1]} if c}
+            origin = sorted(set().union(*(facts.origins.get(c, set()) for c in read)))
+            how = "until its condition turned false" + (f" ({', '.join(origin)})" if origin else "") \
+                + (f", before its trip count {limit}" if limit is not None else "")
+        else:
+            how = ", ".join(sorted(facts.origins.get(m_name, set()))) or "a constant trip count"
         touched.append(f"{name} (Loop: {count} iteration{'' if count == 1 else 's'}, {how})")
     _replace(graph, replacements)
     return touched
@@ -46,6 +52,7 @@ def unroll_loops(model, facts: Facts) -> list[str]:
 def _unroll(graph, node, known: dict, opset_import):
     """(nodes replacing the Loop, iterations) or why it cannot be unrolled."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
+    from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     body = _attrs(node)["body"]
     ins = list(node.input) + [""] * max(0, 2 - len(node.input))
     m_name, c_name, initial = ins[0], ins[1], ins[2:]
@@ -58,11 +65,17 @@ def _unroll(graph, node, known: dict, opset_import):
     go = bool(np.asarray(known[c_name]).reshape(-1)[0]) if c_name else True
     if go and limit is not None and (limit > MAX_ITERATIONS
                                      or limit * len(body.node) > MAX_UNROLLED_NODES):
-        return (f"its trip count {limit} asks for {limit} iterations of {len(body.node)} nodes; "
-                f"at most {MAX_ITERATIONS} iterations and {MAX_UNROLLED_NODES} nodes are unrolled")
+        if _passes_condition_on(body):  # a for loop: the trip count is all there is
+            return (f"its trip count {limit} asks for {limit} iterations of {len(body.node)} "
+                    f"nodes; at most {MAX_ITERATIONS} iterations and {MAX_UNROLLED_NODES} nodes "
+                    f"are unrolled")
+        # a while loop with a bound (tf.map_fn/while_loop: M = 2^63 - 1, `i < n` in the body):
+        # the iterations are those until the body's condition turns false, if it does in time
     stem = node.name or node.output[0]
     b = _Builder(graph, stem)
     inits = _shared_initializers(graph, body, f"{stem}__body__")
+    for t in body.initializer:  # the body's own constants count as known (`n` of `i < n`)
+        known.setdefault(inits[t.name], numpy_helper.to_array(t))
     cond, carried, producer, iterations = c_name, initial, {}, []
     while go and (limit is None or len(iterations) < limit):
         i = len(iterations)
@@ -88,6 +101,19 @@ def _unroll(graph, node, known: dict, opset_import):
     if not iterations and any(node.output[n_carried:]):
         return "no iteration runs, and its scan outputs would be empty tensors of unknown shape"
     return _stacked(b, graph, node, body, iterations, initial, opset_import), len(iterations)
+
+
+def _passes_condition_on(body) -> bool:
+    """Whether the body's condition output is its condition input passed on (through
+    Identity): a for loop, which only the trip count ends."""
+    cond_in, cond_out = body.input[1].name, body.output[0].name
+    producer = {o: n for n in body.node for o in n.output}
+    while cond_out != cond_in:
+        node = producer.get(cond_out)
+        if node is None or node.op_type != "Identity":
+            return False
+        cond_out = node.input[0]
+    return True
 
 
 def _stacked(b: _Builder, graph, node, body, iterations: list, initial: list, opset_import) -> list:

@@ -7,7 +7,8 @@ the pattern is there but the rewrite cannot take it. The static stage applies th
 order, lists each that touched something in static.json (`rewrites`: rule, nodes, why) and then
 compares the rewritten model with golden in onnxruntime, as for every static model.
 
-Phases: `before` runs on the bound model before it is simplified (onnxsim and shape inference
+Phases: `inputs` runs first, on the model as imported (which of its inputs are inputs);
+`before` runs on the bound model before it is simplified (onnxsim and shape inference
 cannot see through what these remove: an `If` on a bound input, a Loop, com.microsoft ops), to
 a fixed point with shape inference and constant folding (fold.py: what one
 rewrite exposes, such as the If inside an inlined branch, the next pass takes); `after` runs
@@ -31,9 +32,45 @@ from .recurrent import MAX_UNROLLED_STEPS, unroll_recurrent  # noqa: F401
 @dataclass(frozen=True)
 class Rewrite:
     name: str
-    phase: str                       # "before" or "after" simplification
+    phase: str                       # "inputs", or "before" or "after" simplification
     apply: Callable                  # (model, facts) -> names of the nodes replaced
     why: str
+
+
+# ----------------------------------------------------------------------------- inputs
+def initializer_inputs_as_constants(model, facts: Facts) -> list[str]:
+    """Graph inputs that are also initializers (IR < 4 required it; old PyTorch exports list
+    every weight so, BatchNorm's `num_batches_tracked` included): an initializer is then the
+    input's default, which a caller may override. One the spec does not declare is a constant:
+    the graph input goes, the initializer stays (else folding, or onnxsim, drops an initializer
+    nothing reads and leaves a graph input onnxruntime requires). One the spec declares in
+    `inputs:` stays an input, and its default goes (the spec's data, as golden fed it, is
+    what it holds). An IR 3 model becomes IR 4 (where initializers need not be inputs).
+    Returns one line per input it changed."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    kept, touched, defaults = [], [], set()
+    for vi in graph.input:
+        if vi.name not in inits:
+            kept.append(vi)
+        elif vi.name in facts.inputs:
+            kept.append(vi)
+            defaults.add(vi.name)
+            touched.append(f"{vi.name} (an input: the spec declares it; its initializer dropped)")
+        else:
+            touched.append(f"{vi.name} (a constant: its initializer)")
+    if touched:
+        del graph.input[:]
+        graph.input.extend(kept)
+        if model.ir_version < 4:  # before IR 4 every initializer must be a graph input
+            touched.append(f"IR version {model.ir_version} -> 4 (initializers that are not "
+                           f"inputs: IR 4's form, read by shape inference)")
+            model.ir_version = 4
+    if defaults:
+        keep = [t for t in graph.initializer if t.name not in defaults]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    return touched
 
 
 # ----------------------------------------------------------------------------- fold If / Where
@@ -206,6 +243,10 @@ def _reflect_pads(model, facts: Facts) -> list[str]:
 
 
 REWRITES = (
+    Rewrite("initializer-inputs-as-constants", "inputs", initializer_inputs_as_constants,
+            "graph inputs that are also initializers have a default the caller may override; "
+            "those the spec does not declare are constants (weights, BatchNorm's "
+            "num_batches_tracked), those it declares are inputs"),
     Rewrite("fold-constant-if", "before", fold_constant_branches,
             "the condition is fixed once the spec binds the inputs (their shapes, and the values "
             "of those it binds to one value): the other branch is dead code, and an If left in "

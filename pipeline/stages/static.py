@@ -13,7 +13,8 @@ initializers it reads and forgets its recorded shapes; then inference fills them
 
 Graph surgery (pipeline/rewrite/static_rewrites.py, one function per rewrite, applied only where the
 graph has the pattern, each listed in static.json under `rewrites` and checked against golden
-with the rest). Before simplifying, folding to a fixed point (pipeline/rewrite/fold.py): shape
+with the rest). First, `initializer-inputs-as-constants`: a graph input that is also an
+initializer (old PyTorch exports) is a constant unless the spec declares it. Before simplifying, folding to a fixed point (pipeline/rewrite/fold.py): shape
 inference, constant folding (the inputs the spec binds to one value and static shapes count as
 known) and the rewrites `fold-constant-if` (If/Where with a known condition), `unroll-loop`
 (Loop with a known trip count), `fold-sequences` and `decompose-contrib-ops` (onnxruntime's
@@ -44,8 +45,9 @@ from . import golden
 
 # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather
 # rewrite; 4: the `before` phase folds to a fixed point (If/Where, Loop, sequences; static.json
-# `folding`), a zero-length dim is static
-VERSION = 4
+# `folding`), a zero-length dim is static; 5: graph inputs backed by initializers are constants
+# unless declared, a Loop of trip count 2^63 - 1 ends where its condition does
+VERSION = 5
 OUTPUTS = ("model.onnx", "static.json")
 
 
@@ -201,12 +203,14 @@ def make_static(model, inputs, constants=()) -> tuple:
     shapes = {i["name"]: i["shape"] for i in inputs}
     dtypes = {i["name"]: i["dtype"] for i in inputs}
     nodes_before = len(model.graph.node)
-    bind_inputs(model, shapes)
-    localize_subgraphs(model.graph)
     lacking, nowhere = lacking_ops()
     facts = Facts(constants={c["name"]: np.full(shapes[c["name"]], c["value"], dtypes[c["name"]])
-                             for c in constants}, lacking=lacking, nowhere=nowhere)
-    rewrites = _rewrite(model, "before", facts)
+                             for c in constants}, lacking=lacking, nowhere=nowhere,
+                  inputs=frozenset(shapes))
+    rewrites = _rewrite(model, "inputs", facts)
+    bind_inputs(model, shapes)
+    localize_subgraphs(model.graph)
+    rewrites += _rewrite(model, "before", facts)
     try:
         model, simplifier = simplify(model, shapes)
     except Exception as exc:  # onnxsim crashed, and the fallback too

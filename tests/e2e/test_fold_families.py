@@ -127,7 +127,8 @@ def test_loop_unrolls_once_its_trip_count_is_known(case):
     _, made = _made_static(case)
     unrolled = _rule(made, "unroll-loop")
     how = {"constant": "a constant trip count", "bound": "steps bound by the spec",
-           "shape": "the shape of x", "none": "until its condition turned false"}[case.trip]
+           "shape": "the shape of x",
+           "none": "until its condition turned false (the shape of x)"}[case.trip]
     assert unrolled[0] == f"loop (Loop: {cf.STEPS} iterations, {how})"
     if case.body == "nested":  # each copy of the inner Loop, unrolled in the next pass
         assert unrolled[1:] == [f"loop__it{i}__inner_loop (Loop: {cf.LOOP_X[0]} iterations, "

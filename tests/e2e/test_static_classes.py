@@ -1,0 +1,152 @@
+"""Three classes of real models the static stage met (issue 40), on generated families
+(tests/families/static_classes.py): graph inputs that are also initializers, tf.map_fn Loops
+whose trip count is 2^63 - 1 and whose end is the body's condition, and transformer shape
+chains onnx's own inference leaves unshaped.
+
+The contract, as for the fold families: the static model gives what onnxruntime gives on the
+ORIGINAL graph, every shape static, no Loop left; static.json says what was done and why. A
+few cases go through the stage and IREE llvm-cpu for the host (compiled, run, checked against
+golden).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import sha256
+from families import static_classes as sc
+from pipeline import graph
+from pipeline.core.steps import execute
+from pipeline.stages import iree_compile, static, validate
+
+
+def _run(model, feeds: dict) -> list:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3   # the original's "initializer appears in graph inputs" warnings
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _made_static(case, atol=1e-6):
+    original = case.model()
+    onnx.checker.check_model(original)
+    expected = _run(original, case.feeds())
+    model, made = static.make_static(case.model(), case.inputs(), case.constants())
+    assert static.dynamic_tensors(model) == []
+    got = _run(model, case.feeds())
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=atol)
+    return model, made
+
+
+def _rule(made, name) -> list[str]:
+    return next((r["nodes"] for r in made["rewrites"] if r["rule"] == name), [])
+
+
+# ----------------------------------------------------------------------------- initializer inputs
+@pytest.mark.parametrize("case", sc.init_input_cases(), ids=lambda c: c.name)
+def test_initializer_inputs_are_constants_unless_the_spec_declares_them(case):
+    model, made = _made_static(case)
+    assert [i.name for i in model.graph.input] == [i["name"] for i in case.inputs()]
+    weights = ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "bn.running_mean",
+               "bn.running_var", "bn.num_batches_tracked"]
+    want = [f"{w} (a constant: its initializer)" for w in weights]
+    want.append("scale (an input: the spec declares it; its initializer dropped)" if case.declared
+                else "scale (a constant: its initializer)")
+    if case.ir < 4:
+        want.append("IR version 3 -> 4 (initializers that are not inputs: IR 4's form, read by "
+                    "shape inference)")
+    assert _rule(made, "initializer-inputs-as-constants") == want
+    assert made["rewrites"][0]["rule"] == "initializer-inputs-as-constants"   # first, as the stage runs it
+    if case.declared:   # the spec's value, not the default, is what the static model computes
+        feeds = case.feeds()
+        doubled = _run(model, {**feeds, "scale": feeds["scale"] * 2})[0]
+        np.testing.assert_allclose(doubled, _run(model, feeds)[0] * 2, rtol=1e-6)
+
+
+def test_a_model_without_initializer_inputs_is_left_as_it_is():
+    case = sc.MapFnCase("shape")
+    _, made = _made_static(case)
+    assert _rule(made, "initializer-inputs-as-constants") == []
+
+
+# ----------------------------------------------------------------------------- tf.map_fn
+@pytest.mark.parametrize("case", sc.map_fn_cases(), ids=lambda c: c.name)
+def test_a_while_loop_unrolls_when_its_condition_ends_it(case):
+    """Trip count 2^63 - 1: the iterations are those until `i < n` turns false, n known once
+    the inputs are bound and folded (a shape, a bound input, the body's constant)."""
+    model, made = _made_static(case)
+    assert "Loop" not in {n.op_type for n in model.graph.node}
+    origin = {"shape": " (the shape of x)", "bound": " (n bound by the spec)", "body": ""}[case.n]
+    assert _rule(made, "unroll-loop") == [
+        f"while (Loop: {sc.MAP_X[0]} iterations, until its condition turned false{origin}, "
+        f"before its trip count {sc.INT64_MAX})"]
+
+
+def test_a_while_loop_on_data_fails_naming_it():
+    case = sc.MapFnCase("data")
+    with pytest.raises(static.Refusal) as info:
+        static.make_static(case.model(), case.inputs(), case.constants())
+    assert ("Loop 'while': its condition 'cond_0' depends on data at run time (the values of "
+            "input x, through Cast, ReduceSum, Max, Less)") in info.value.what
+
+
+def test_a_for_loop_of_2_63_iterations_is_declined_at_once():
+    """A body whose condition only passes its input on is ended by the trip count alone: 2^63 - 1
+    iterations are refused without unrolling any."""
+    case = sc.MapFnCase("shape")
+    model = case.model()
+    body = next(n for n in model.graph.node if n.op_type == "Loop").attribute[0].g
+    for node in body.node:
+        if "cond_out" in node.output:
+            node.CopyFrom(onnx.helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    with pytest.raises(static.Refusal) as info:
+        static.make_static(model, case.inputs(), case.constants())
+    assert (f"Loop 'while': its trip count {sc.INT64_MAX} asks for {sc.INT64_MAX} iterations of "
+            f"{len(body.node)} nodes; at most") in info.value.what
+
+
+# ----------------------------------------------------------------------------- the stage, IREE
+def _spec(folder, case) -> None:
+    bound = {c["name"]: c["value"] for c in case.constants()}
+    lines = ["description: generated static-class case", "source:", "  path: model.onnx",
+             f"  sha256: {sha256(folder / 'model.onnx')}", "inputs:"]
+    for i in case.inputs():
+        lo, hi = (bound[i["name"]],) * 2 if i["name"] in bound else (-1.0, 1.0)
+        lines += [f"  {i['name']}:", f"    shape: {i['shape']}", f"    dtype: {i['dtype']}",
+                  f"    test_data: {{random: {{seed: 0, low: {lo}, high: {hi}}}}}"]
+    lines.append("tolerance: {max_abs: 1.0e-5, mean_abs: 1.0e-6, cosine: 0.99999}")
+    (folder / "model.yaml").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("case,rule", [(sc.InitInputCase(False, 4, 9), "initializer-inputs-as-constants"),
+                                       (sc.MapFnCase("shape", "carried", "and", 13), "unroll-loop")],
+                         ids=lambda c: getattr(c, "name", c))
+def test_the_stage_records_it_and_iree_runs_the_result(tmp_path, case, rule):
+    folder = tmp_path / "models" / "case"
+    folder.mkdir(parents=True)
+    onnx.save(case.model(), folder / "model.onnx")
+    _spec(folder, case)
+    proj = graph.load_project(tmp_path / "models", tmp_path / "artifacts", "host")
+    model = next(m for m in proj.models if m.name == "case")
+    host = next(t for t in proj.targets if t.name == "host")
+    abi = next(a for a in host.abis if a.name == "cpu-x86_64")
+    steps = [next(s for s in proj.steps(stage) if s.name == "case") for stage in ("import", "golden", "static")]
+    steps += [iree_compile.compile_step(proj.layout, model, host, abi),
+              validate.validate_step(proj.layout, model, host, abi)]
+    for step in steps:
+        execute(step)
+    report = json.loads((steps[2].out_dir / "static.json").read_text())
+    assert rule in [r["rule"] for r in report["rewrites"]]
+    assert report["vs_original"]["passed"]
+    assert [i["name"] for i in report["inputs"]] == [i["name"] for i in case.inputs()]
+    assert "Loop" not in report["ops"]
+    checked = json.loads((steps[-1].out_dir / "validation.json").read_text())
+    assert checked["status"] == "passed"
+    assert max(o["max_abs"] for o in checked["outputs"]) < 1e-5
