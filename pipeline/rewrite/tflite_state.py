@@ -230,6 +230,10 @@ def explicit_state(data: bytes) -> tuple[bytes, dict]:
     model.subgraphs, model.signatureDefs = [main], []
     from .tflite_rewrite import _drop_unused_tensors
     _drop_unused_tensors(model)
+    used = sorted({op.opcodeIndex for op in main.operators})  # VAR_HANDLE & co. gone from the codes
+    model.operatorCodes = [model.operatorCodes[k] for k in used]
+    for op in main.operators:
+        op.opcodeIndex = used.index(op.opcodeIndex)
     record = {"rule": "explicit-state", "ops": "VAR_HANDLE/READ_VARIABLE/ASSIGN_VARIABLE/CALL_ONCE",
               "count": len(variables), "variables": variables,
               "how": "each variable V: input V, output V_out; start from `initial`, feed each "
