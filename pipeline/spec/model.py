@@ -40,7 +40,7 @@ from ..core.store import atomic_write_text, canonical_json, sha256_file
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 NonEmpty = Annotated[str, Field(pattern=r"\S"), Says("required, a non-empty string")]
 DEFAULT_OPSET = 17
-SIGNATURE_VERSION = 3  # 3: a TFLite source's resource variables as state inputs/outputs
+SIGNATURE_VERSION = 4  # 3: a TFLite source's resource variables as state inputs/outputs; 4: defaults
 EXTERNAL_VERSION = 2
 
 # ----------------------------------------------------------------------------- model specs
@@ -444,7 +444,10 @@ def _test_data(doc: TestDataDoc | None, folder: Path, where: str, problems: list
 
 def _check_against_model(signature: dict, declared: list[str], inputs: list[InputSpec], where: str,
                          problems: list) -> None:
-    model_inputs = {i["name"]: i for i in signature["inputs"]}
+    # an input with an initializer (its default) is an input only where the spec declares it
+    # (the static stage makes the others constants: initializer-inputs-as-constants)
+    model_inputs = {i["name"]: i for i in signature["inputs"]
+                    + [d for d in signature.get("defaults", ()) if d["name"] in declared]}
     for name in declared:
         if name not in model_inputs:
             problems.append(f"{where}: inputs.{name}: the model has no input named {name!r} "

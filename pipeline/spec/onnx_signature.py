@@ -196,12 +196,14 @@ def parse_signature(data) -> dict:
                 outputs.append(v)
         if ir_version <= 0 or not has_nodes:
             return {"error": NO_GRAPH}
-        described = ([_value_info([v]) for v in values] for values in (inputs, outputs))
+        described = [[_value_info([v]) for v in values] for values in (inputs, outputs)]
         ins, outs = ([d for d in values if d["name"] not in initializers] for values in described)
+        defaults = [d for d in described[0] if d["name"] in initializers]  # IR < 4 exports
     except DecodeError:
         return {"error": PARSE_ERROR}
     opset = max((v for d, v in opsets if d in ("", "ai.onnx")), default=0)
-    return {"inputs": ins, "outputs": outs, "opset": int(opset), "graph_name": graph_name}
+    return {"inputs": ins, "outputs": outs, "opset": int(opset), "graph_name": graph_name,
+            **({"defaults": defaults} if defaults else {})}
 
 
 def read_signature(path) -> dict:

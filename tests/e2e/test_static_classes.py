@@ -150,3 +150,25 @@ def test_the_stage_records_it_and_iree_runs_the_result(tmp_path, case, rule):
     checked = json.loads((steps[-1].out_dir / "validation.json").read_text())
     assert checked["status"] == "passed"
     assert max(o["max_abs"] for o in checked["outputs"]) < 1e-5
+
+
+def test_a_declared_initializer_input_is_an_input_through_the_stage(tmp_path):
+    """The spec may declare an input that has an initializer (its default): it stays an input
+    of the static model, fed by golden's test data; the undeclared ones are constants."""
+    case = sc.InitInputCase(True, 4, 9)
+    folder = tmp_path / "models" / "case"
+    folder.mkdir(parents=True)
+    onnx.save(case.model(), folder / "model.onnx")
+    _spec(folder, case)
+    proj = graph.load_project(tmp_path / "models", tmp_path / "artifacts", "host")
+    for stage in ("import", "golden", "static"):
+        step = next(s for s in proj.steps(stage) if s.name == "case")
+        execute(step)
+    report = json.loads((step.out_dir / "static.json").read_text())
+    assert report["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8]}, {"name": "scale", "shape": [1]}]
+    assert report["vs_original"]["passed"]
+    assert "scale (an input: the spec declares it; its initializer dropped)" in report["rewrites"][0]["nodes"]
+    # undeclared, `num_batches_tracked` is no input; declared where the model has no such name, an error
+    (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("  scale:", "  scales:"))
+    with pytest.raises(Exception, match="the model has no input named 'scales'"):
+        graph.load_project(tmp_path / "models", tmp_path / "artifacts", "host")

@@ -39,10 +39,10 @@ def onnx_reference(path) -> dict:
         return {"error": "no ONNX graph in the file (ir_version or nodes missing)"}
     initializers = {t.name for t in model.graph.initializer}
 
-    def describe(values):
+    def describe(values, defaults=False):
         out = []
         for v in values:
-            if v.name in initializers:
+            if (v.name in initializers) != defaults:
                 continue
             tt = v.type.tensor_type
             dims = [int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0
@@ -52,8 +52,10 @@ def onnx_reference(path) -> dict:
         return out
 
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    defaults = describe(model.graph.input, defaults=True)  # inputs with an initializer
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output),
-            "opset": int(opset), "graph_name": model.graph.name}
+            "opset": int(opset), "graph_name": model.graph.name,
+            **({"defaults": defaults} if defaults else {})}
 
 
 # ----------------------------------------------------------------------------- read_signature
