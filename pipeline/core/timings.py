@@ -20,7 +20,7 @@ import os
 import resource
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SUFFIX = ".timing.json"
@@ -58,6 +58,7 @@ class Measured:
     tools_cpu_s: float = 0.0      # the tools it waited for (and their children), user + system
     tools_peak_rss_mb: float | None = None  # None: no tool ran
     overlapped: bool = False      # another step ran in this process meanwhile
+    notes: dict = field(default_factory=dict)  # what a step says of its own cost (note())
 
 
 @contextlib.contextmanager
@@ -92,6 +93,14 @@ def meter():
             saved[0].tools_cpu_s += result.tools_cpu_s
 
 
+def note(name: str, value) -> None:
+    """Something the running step says of its own cost (e.g. whether its shader pack was warm),
+    kept in its timing record; nothing when no meter runs in this thread."""
+    measured = getattr(_local, "measured", None)
+    if measured is not None:
+        measured.notes[name] = value
+
+
 def record_path(log: Path) -> Path:
     return log.with_name(log.name[: -len(".log")] + SUFFIX if log.name.endswith(".log")
                          else log.name + SUFFIX)
@@ -105,6 +114,8 @@ def write(log: Path, stage: str, name: str, how: str, measured: Measured) -> Non
            "tools_peak_rss_mb": measured.tools_peak_rss_mb, "finished": round(time.time(), 3)}
     if measured.overlapped:  # cpu_s is then this step's thread alone (see meter)
         doc["overlapped"] = True
+    if measured.notes:
+        doc["notes"] = measured.notes
     path = record_path(log)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,4 +168,21 @@ def summary(records: list[dict], slowest: int = 8) -> str:
         mem = f", tools peak {r['tools_peak_rss_mb']:.0f} MB" if r["tools_peak_rss_mb"] else ""
         end = " (failed)" if r["how"] == "failed" else ""
         lines.append(f"  {r['wall_s']:8.1f} s  {r['stage']}:{r['name']}{mem}{end}")
+    lines += shader_pack_lines(ran)
     return "\n".join(lines)
+
+
+def shader_pack_lines(records: list[dict]) -> list[str]:
+    """One line per step that ran on lavapipe: its shader pack warm, cold or missed, and why."""
+    packs = [(r, r["notes"]["shader_pack"]) for r in records
+             if "shader_pack" in r.get("notes", {})]
+    if not packs:
+        return []
+    lines = ["shader packs (Mesa's cache for lavapipe):"]
+    for r, p in sorted(packs, key=lambda rp: rp[0]["name"]):
+        state = ("cold" if p["source"] == "none" else
+                 "missed" if p.get("compiled") else f"warm ({p['source']})")
+        why = f": {p['why']}" if p.get("why") else ""
+        lines.append(f"  {state:<15} {r['stage']}:{r['name']} ({p['cpu']}; {p['compiled']} kernels "
+                     f"compiled){why}")
+    return lines

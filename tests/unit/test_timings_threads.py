@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
+from pipeline.core import timings
 from pipeline.core.timings import meter
 from pipeline.core.tools import run_tool
 
@@ -37,3 +38,20 @@ def test_a_lone_meter_counts_the_whole_process():
     with meter() as measured:
         run_tool([a.format(s=0.2) for a in BURN], log=None, what="burn")
     assert not measured.overlapped and measured.tools_cpu_s >= 0.2
+
+
+def test_a_step_notes_its_shader_pack_and_the_summary_lists_it(tmp_path):
+    log = tmp_path / "logs" / "validate" / "gpu_a_vk.log"
+    with timings.meter() as measured:
+        timings.note("shader_pack", {"source": "machine", "compiled": 12,
+                                     "cpu": "1 of 2 CPUs, GenuineIntel family 6, avx512f",
+                                     "why": "the pack from the machine folder missed 12 kernel(s)"})
+    timings.note("ignored", 1)  # no meter in this thread: nothing to note into
+    timings.write(log, "validate", "gpu_a_vk", "ran", measured)
+    (record,) = timings.read_all(tmp_path / "logs")
+    assert record["notes"] == {"shader_pack": measured.notes["shader_pack"]}
+    text = timings.summary([record])
+    assert text.splitlines()[-2:] == [
+        "shader packs (Mesa's cache for lavapipe):",
+        "  missed          validate:gpu_a_vk (1 of 2 CPUs, GenuineIntel family 6, avx512f; 12 "
+        "kernels compiled): the pack from the machine folder missed 12 kernel(s)"]
