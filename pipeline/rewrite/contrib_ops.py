@@ -408,3 +408,98 @@ class _QuantizedLstm:
         if reverse and self.lens:
             y = self._reordered(y, hidden)
         return y, h, c
+
+
+# ----------------------------------------------------------------------------- golden, ISA-free
+# Ops whose integer products onnxruntime computes with MLAS's u8 x s8 kernels, which differ by the
+# CPU they run on: AVX2 (and AVX-512 without VNNI) sum pairs of products in int16 with saturation
+# (vpmaddubsw), AVX-512 VNNI / AVX-VNNI in int32 (vpdpbusd): exact. Golden for a model with them
+# is onnxruntime on the model with those products computed exactly (exact_integer_reference).
+U8S8 = {("", "MatMulInteger"), ("", "ConvInteger"), ("com.microsoft", "DynamicQuantizeMatMul"),
+        ("com.microsoft", "MatMulIntegerToFloat"), ("com.microsoft", "DynamicQuantizeLSTM")}
+ISA_WHY = ("onnxruntime's uint8 x int8 kernels give other results on other CPUs (AVX2 and AVX-512 "
+           "without VNNI saturate pairs of products in int16; VNNI sums them exactly in int32), so "
+           "golden computes the integer products exactly, as the compiled artifacts do: the same "
+           "golden on any CPU")
+
+
+def u8s8_ops(model) -> dict:
+    """{op: count} of the main graph's ops whose onnxruntime kernel depends on the CPU (U8S8)."""
+    found = {}
+    for n in model.graph.node:
+        if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in U8S8:
+            found[n.op_type] = found.get(n.op_type, 0) + 1
+    return found
+
+
+def exact_integer_reference(model, input_shapes: dict) -> dict | None:
+    """Rewrite `model` (in place) so that onnxruntime computes its integer products exactly on
+    every CPU: MatMulInteger as Cast to int32, Sub of the zero points and an int32 MatMul (its own
+    definition; onnxruntime's int32 MatMul is plain integer arithmetic); the com.microsoft ops as
+    decompose_contrib_ops writes them (exact integer sums in float32), with the graph inputs bound
+    to `input_shapes` first (an LSTM is unrolled only on static shapes). What is not rewritten
+    (ConvInteger; a DynamicQuantizeLSTM decompose_contrib_ops would only approximate) stays
+    onnxruntime's and is listed in `left`. Returns the record golden.json keeps (None: no such
+    op, the model is untouched)."""
+    found = u8s8_ops(model)
+    if not found:
+        return None
+    import copy
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from onnx import TensorProto, helper
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes, done = [], {}
+    for n in model.graph.node:
+        if n.op_type != "MatMulInteger" or n.domain not in ("", "ai.onnx"):
+            nodes.append(n)
+            continue
+        stem = n.name or n.output[0]
+        ins = list(n.input) + [""] * (4 - len(n.input))
+        centred = []
+        for k, (x, zp) in enumerate(((ins[0], ins[2]), (ins[1], ins[3]))):
+            xi = f"{stem}__exact_x{k}"
+            nodes.append(helper.make_node("Cast", [x], [xi], to=TensorProto.INT32))
+            if zp:
+                zi = f"{stem}__exact_zp{k}"
+                nodes.append(helper.make_node("Cast", [zp], [zi], to=TensorProto.INT32))
+                if k == 0 and zp in inits and max(1, *inits[zp].dims) > 1 and len(inits[zp].dims) == 1:
+                    shaped = f"{stem}__exact_zp_rows"  # a per-row zero point: one per row of A
+                    shape = f"{stem}__exact_zp_shape"
+                    nodes.append(helper.make_node("Constant", [], [shape], value=helper.make_tensor(
+                        shape, TensorProto.INT64, [2], [-1, 1])))
+                    nodes.append(helper.make_node("Reshape", [zi, shape], [shaped]))
+                    zi = shaped
+                nodes.append(helper.make_node("Sub", [xi, zi], [f"{xi}__c"]))
+                xi = f"{xi}__c"
+            centred.append(xi)
+        nodes.append(helper.make_node("MatMul", centred, [n.output[0]], name=f"{stem}__exact"))
+        done["MatMulInteger"] = done.get("MatMulInteger", 0) + 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    contrib = {k: v for k, v in found.items() if k not in ("MatMulInteger", "ConvInteger")}
+    left = {k: v for k, v in found.items() if k == "ConvInteger"}
+    if contrib:
+        trial = copy.deepcopy(model)
+        for vi in trial.graph.input:
+            if vi.name in input_shapes:
+                dims = vi.type.tensor_type.shape.dim
+                for d, size in zip(dims, input_shapes[vi.name]):
+                    d.Clear()
+                    d.dim_value = int(size)
+        facts = Facts()
+        try:
+            decompose_contrib_ops(trial, facts)
+        except NoRewrite as exc:
+            facts.declined.append({"why": str(exc)})
+        if facts.declined:  # approximate: onnxruntime's own kernels are the better reference
+            left.update(contrib)
+        else:
+            model.CopyFrom(trial)
+            done.update(contrib)
+    onnx.checker.check_model(model)
+    record = {"integer_products": "exact" if not left else "exact except where listed in `left`",
+              "why": ISA_WHY, "rewritten": done}
+    if left:
+        record["left"] = {k: f"{v} x onnxruntime's own kernel: golden depends on this CPU's ISA "
+                             f"for them" for k, v in left.items()}
+    return record

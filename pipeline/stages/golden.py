@@ -1,5 +1,11 @@
 """Stage `golden`: onnxruntime CPU outputs of the source model on the model's fixed test inputs.
 
+A model whose integer products onnxruntime computes with kernels that depend on the CPU (dynamic
+int8: MatMulInteger, DynamicQuantizeLSTM, ...; AVX2 saturates where VNNI does not) gets its golden
+from the source with those products computed exactly (rewrite/contrib_ops.py
+exact_integer_reference): the same on any CPU, and what the compiled artifacts compute. golden.json
+then says so (`reference`: what ran, why, what was rewritten, what was left to onnxruntime).
+
 Writes input_<i>.npy and output_<k>.npy (plain .npy: byte-deterministic, and what
 iree-run-module reads) plus golden.json naming them. Every later stage compares against these.
 """
@@ -8,6 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core.layout import outputs_for, static_model
 from ..core.numerics import make_input
@@ -85,15 +92,16 @@ def run(ctx) -> None:
         except ValueError as exc:
             raise ctx.error(f"test data for input {spec['name']!r}: {exc}",
                             hint="regenerate the .npy with the shape and dtype of the spec")
-    reference = cfg.reference or GOLDEN["onnx"]
+    reference, exact = cfg.reference or GOLDEN["onnx"], None
     try:
         if reference == "litert (source)":  # a TFLite source: its own interpreter is the reference
             got = tflite_run(ctx.input("source"), {s["name"]: a for s, a in zip(specs, arrays)})
             names = cfg.outputs
             results = [got[n] for n in names]
         else:
+            exact = _exact_reference(ctx.input("source"), {s["name"]: a.shape for s, a in zip(specs, arrays)})
             try:
-                sess = session(ctx.input("source"))
+                sess = session(exact[0]) if exact else session(ctx.input("source"))
             except Exception as exc:  # onnxruntime runs no batch-first LSTM/GRU: the same op
                 if "layout == 1" not in str(exc):  # in layout 0 between Transposes, by the spec
                     raise
@@ -107,6 +115,10 @@ def run(ctx) -> None:
                         hint="check the input shapes and dtypes in the spec (or the variant's); "
                              "the model may not accept these shapes")
     doc = {"inputs": [], "outputs": []}
+    if exact:  # recorded in the manifest (golden.json's reference)
+        doc["reference"] = {"what": "onnxruntime on the source, its integer products computed exactly",
+                            **exact[1]}
+        exact[0].unlink()
     for i, (spec, array) in enumerate(zip(specs, arrays)):
         np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
         doc["inputs"].append({"name": spec["name"], "file": f"input_{i}.npy",
@@ -119,6 +131,21 @@ def run(ctx) -> None:
         doc["outputs"].append({"name": name, "file": f"output_{k}.npy",
                                "shape": list(array.shape), "dtype": str(array.dtype)})
     ctx.output("golden.json").write_text(pretty_json(doc))
+
+
+def _exact_reference(source, shapes: dict):
+    """(a temporary ONNX file, its record) when the source has ops whose onnxruntime kernels depend
+    on the CPU (rewrite/contrib_ops.py U8S8: dynamic int8): the source with its integer products
+    computed exactly (exact_integer_reference), so that golden is the same on any CPU; else None."""
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from ..rewrite.contrib_ops import exact_integer_reference, u8s8_ops
+    if not u8s8_ops(onnx.load(str(source), load_external_data=False)):
+        return None
+    model = onnx.load(str(source))
+    record = exact_integer_reference(model, shapes)
+    out = Path(tempfile.mkstemp(suffix=".onnx")[1])
+    onnx.save(model, str(out))
+    return out, record
 
 
 def load(ctx):

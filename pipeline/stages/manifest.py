@@ -148,6 +148,8 @@ def run(ctx) -> None:
             models[name]["rewrites"] = imported.get("rewrites", [])
             models[name]["source"] = {**model.source, "route": imported["route"],
                                       "attempts": imported["attempts"]}
+        if "reference" in golden:  # golden computed otherwise than plainly, and why (stages/golden.py)
+            models[name]["golden"] = golden["reference"]
         if model.variant_of:  # a precision variant (pipeline/spec/variants.py)
             _variant_fields(ctx, model, models[name])
             continue

@@ -226,3 +226,64 @@ def test_text2tashkeel_int8_static_holds_the_default_tolerance(tmp_path):
     assert [r["rule"] for r in report["rewrites"]] == ["decompose-contrib-ops"]
     assert report["vs_original"]["passed"]
     assert max(o["max_abs"] for o in report["vs_original"]["outputs"]) < 1e-5
+
+
+# ----------------------------------------------------------------------------- golden, whatever the CPU
+from families import dynamic_int8 as fd  # noqa: E402
+from pipeline.rewrite.contrib_ops import U8S8, exact_integer_reference, u8s8_ops  # noqa: E402
+
+
+def _reference(model, feeds):
+    ref = onnx.ModelProto.FromString(model.SerializeToString())
+    record = exact_integer_reference(ref, {k: v.shape for k, v in feeds.items()})
+    return ref, record
+
+
+@pytest.mark.parametrize("member", fd.members(), ids=lambda m: m.name)
+def test_golden_of_a_dynamic_int8_matmul_is_exact_on_any_cpu(member):
+    """Issue 40: onnxruntime's u8 x s8 kernels give other results on AVX2 than on VNNI. Golden
+    runs the source with MatMulInteger as an int32 MatMul (integer arithmetic: no order, no ISA
+    changes it): no op with a CPU-dependent kernel is left, the raw product equals numpy's int64
+    one exactly, and the record says why. The emulated AVX2 pair sums (vpmaddubsw) differ from it
+    by up to 3e5 in the accumulator on the large-weight members: what golden no longer depends on."""
+    model, feeds = member.model(), member.feeds()
+    ref, record = _reference(model, feeds)
+    assert record["rewritten"] == {"MatMulInteger": 1} and "left" not in record
+    assert "AVX2" in record["why"] and record["integer_products"] == "exact"
+    assert u8s8_ops(ref) == {} and not any((n.domain, n.op_type) in U8S8 for n in ref.graph.node)
+    got = fc.ort_run(ref, feeds)[0]
+    q, zp = fd.quantize(feeds["x"])
+    w = member.weights()[0]
+    exact = fd.exact(q, zp, w)
+    if member.raw:
+        np.testing.assert_array_equal(got, exact.astype(np.int32))
+    else:  # the same float ops after the same integers: onnxruntime on the exact uint8 twin
+        np.testing.assert_array_equal(got, fc.ort_run(fc.uint8_twin(model), feeds)[0])
+    saturated = np.abs(fd.avx2_pairs(q, zp, w) - exact).max()
+    assert (saturated > 10_000) if member.large else saturated == 0
+
+
+@pytest.mark.parametrize("case", [fc.matmul_cases()[0], fc.matmul_cases()[5], fc.lstm_cases()[0],
+                                  fc.lstm_cases()[4]], ids=lambda c: c.name)
+def test_golden_of_contrib_int8_ops_is_their_exact_decomposition(case):
+    """DynamicQuantizeMatMul and DynamicQuantizeLSTM (the issue's speech embedder): golden runs
+    decompose-contrib-ops' exact arithmetic, equal bit for bit to onnxruntime where onnxruntime is
+    exact on every CPU (the uint8 twin)."""
+    model, feeds = case.build()
+    ref, record = _reference(model, feeds)
+    assert "left" not in record and set(record["rewritten"]) <= {"DynamicQuantizeMatMul",
+                                                                 "DynamicQuantizeLSTM"}
+    assert u8s8_ops(ref) == {}
+    assert_same(fc.ort_run(ref, feeds), fc.ort_run(fc.uint8_twin(model), feeds))
+
+
+def test_a_contrib_op_only_approximated_stays_onnxruntimes_and_golden_says_so():
+    """An LSTM with clip cannot be unrolled with the 8-bit rounding: golden keeps onnxruntime's
+    kernel for it (better than the approximation) and records that it depends on the CPU there."""
+    model, feeds = fc.Lstm(seed=3, direction="bidirectional", signed=False).build()
+    model = _with_clip(model)
+    ref, record = _reference(model, feeds)
+    assert record["left"] == {"DynamicQuantizeLSTM": "1 x onnxruntime's own kernel: golden depends "
+                                                     "on this CPU's ISA for them"}
+    assert u8s8_ops(ref) == {"DynamicQuantizeLSTM": 1}
+    assert_same(fc.ort_run(ref, feeds), fc.ort_run(model, feeds))
