@@ -99,7 +99,7 @@ def run(ctx) -> None:
             names = cfg.outputs
             results = [got[n] for n in names]
         else:
-            exact = _exact_reference(ctx.input("source"), {s["name"]: a.shape for s, a in zip(specs, arrays)})
+            exact = exact_reference(ctx.input("source"), {s["name"]: a.shape for s, a in zip(specs, arrays)})
             try:
                 sess = session(exact[0]) if exact else session(ctx.input("source"))
             except Exception as exc:  # onnxruntime runs no batch-first LSTM/GRU: the same op
@@ -133,7 +133,7 @@ def run(ctx) -> None:
     ctx.output("golden.json").write_text(pretty_json(doc))
 
 
-def _exact_reference(source, shapes: dict):
+def exact_reference(source, shapes: dict):
     """(a temporary ONNX file, its record) when the source has ops whose onnxruntime kernels depend
     on the CPU (rewrite/contrib_ops.py U8S8: dynamic int8): the source with its integer products
     computed exactly (exact_integer_reference), so that golden is the same on any CPU; else None."""
