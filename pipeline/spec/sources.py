@@ -34,6 +34,10 @@ An ONNX source's external-data files (tensors stored beside the .onnx, `location
 TensorProto.external_data) are part of it: its import step reads and hashes them, and its sha256
 covers them (source_files, files_sha256).
 
+A TFLite model with resource variables (a streaming model's state) has the interface the import
+gives it (pipeline/rewrite/tflite_state.py): each variable read and assigned an input `<name>`
+after its own inputs and an output `<name>_out` after its own outputs (`state` in the signature).
+
 A layout flip is never silent: the import stage requires the converted model's inputs and
 outputs to have exactly the source's names, order, shapes and dtypes.
 """
