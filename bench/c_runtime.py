@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipeline.run import timing  # noqa: E402
+from pipeline.run import timing, tvm_timing  # noqa: E402
 
 
 def c_round(release: Path, model: str, abi: str, calls: int, threads: int, env: dict) -> dict:
@@ -73,7 +73,7 @@ def main() -> None:
             continue
         path = args.release / art["file"]
         if art["format"] == "tvm-so":
-            runner = timing.TvmCpuRunner(path, art["entry"], "cpu", args.threads)
+            runner = tvm_timing.TvmCpuRunner(path, art["entry"], "cpu", args.threads)
         else:
             runner = timing.IreeCpuRunner(path, art["entry"], req.get("hal_driver", "local-task"),
                                           args.threads)

@@ -38,7 +38,8 @@ def _untuned(art: dict, static: Path, out: Path) -> Path:
 
 def main(argv=None) -> int:
     import numpy as np
-    from pipeline.run.timing import IreeCpuRunner, OnnxruntimeCpuRunner, TvmCpuRunner, stats
+    from pipeline.run.timing import IreeCpuRunner, OnnxruntimeCpuRunner, stats
+    from pipeline.run.tvm_timing import TvmCpuRunner
     from pipeline.core.numerics import compare, summary
 
     parser = argparse.ArgumentParser(prog="python bench/compilers.py")

@@ -37,8 +37,9 @@ from ..core.numerics import compare, summary as numerics_summary
 from ..spec.model import display
 from ..core.store import atomic_write_text, pretty_json, sha256_file
 from ..core.tools import cpu_model, distribution_version
-from ..run.timing import (NOISY_CV, PHASES, RUNNERS, IreeCpuRunner, IreeVulkanRunner,
-                          OnnxruntimeCpuRunner, paired_ratio_p50, stats)
+from ..run.timing import (NOISY_CV, PHASES, IreeCpuRunner, IreeVulkanRunner, OnnxruntimeCpuRunner,
+                          paired_ratio_p50, stats)
+from ..run.tvm_timing import TvmCpuRunner
 from . import profile, report
 
 # The bench's API: its own, and the runners and statistics of run/timing.py it applies.
@@ -47,6 +48,10 @@ __all__ = ["Options", "Planned", "plan", "measure", "machine", "bench_artifact",
            "doit_action", "runner_key", "RESULT_SCHEMA", "SUMMARY_SCHEMA", "VARS", "STAGE",
            "NOISY_CV", "PHASES", "RUNNERS", "IreeCpuRunner", "IreeVulkanRunner",
            "OnnxruntimeCpuRunner", "paired_ratio_p50", "stats"]
+
+# Runner key -> runner class: the IREE driver name, or "tvm:<device>" for TVM artifacts.
+RUNNERS: dict[str, type] = {"local-task": IreeCpuRunner, "local-sync": IreeCpuRunner,
+                            "vulkan": IreeVulkanRunner, "tvm:cpu": TvmCpuRunner}
 
 RESULT_SCHEMA = "modelyard.bench/1"
 SUMMARY_SCHEMA = "modelyard.bench-summary/1"

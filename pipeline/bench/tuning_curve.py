@@ -41,7 +41,8 @@ from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
 from ..core.store import atomic_write_text, pretty_json, sha256_file
 from ..core.tools import run_tool
-from ..run.timing import OnnxruntimeCpuRunner, TvmCpuRunner, paired_ratio_p50, stats
+from ..run.timing import OnnxruntimeCpuRunner, paired_ratio_p50, stats
+from ..run.tvm_timing import TvmCpuRunner
 from ..spec.tvm import budget
 from ..stages import tvm_compile, tvm_tune
 from .measure import machine

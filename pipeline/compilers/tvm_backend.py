@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..core.tools import aarch64_tvm, distribution_version, qemu_aarch64
-from ..run.timing import TvmCpuRunner
+from ..run.tvm_timing import TvmCpuRunner
 from ..run.tvm_load import TvmLoader
 from ..run.tvm_run import FORMAT, RUNNER
 from ..spec.tvm import TvmAbiDoc

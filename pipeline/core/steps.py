@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ from typing import Any, Callable, Iterator
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from . import executor
+from . import codehash, executor
 from .codehash import code_digest
 from .errors import PipelineError
 from .layout import Layout
@@ -118,7 +119,8 @@ class Step:
 
     def static_fingerprint(self) -> dict:
         """What doit compares between runs, besides the input files themselves."""
-        return {"stage": self.stage, "version": self.version, "code": action_code(self.action),
+        return {"stage": self.stage, "version": self.version,
+                "code": action_code(self.action, self.config),
                 "config": self.config, "tools": versions(*self.tools)}
 
     def key_parts(self) -> dict:
@@ -145,12 +147,21 @@ def abi_step_name(model, target, abi) -> str:
     return f"{target.name}/{model.name}/{abi.name}"
 
 
-def action_code(action: Callable) -> str:
-    """sha256 of the code a step runs: its stage module and every package module it imports
-    (codehash.py). An action defined outside the package (a test's) counts its own file."""
-    module = getattr(action, "__module__", None) or ""
+def action_module(action: Callable) -> str:
+    """The module that defines a step's action; through functools.partial (tvm_tune's action),
+    whose own `__module__` is functools'."""
+    while isinstance(action, functools.partial):
+        action = action.func
+    return getattr(action, "__module__", None) or ""
+
+
+def action_code(action: Callable, config: dict | None = None) -> str:
+    """sha256 of the code a step runs: its stage module, every package module it imports, and
+    the backends its config names (codehash.py). An action defined outside the package (a
+    test's) counts its own file."""
+    module = action_module(action)
     try:
-        return code_digest(module)
+        return code_digest(module, config)
     except KeyError:
         source = getattr(sys.modules.get(module), "__file__", None)
         return sha256_file(Path(source)) if source else module
@@ -318,7 +329,8 @@ class LocalExecutor(executor.Executor):
     def run(self, step: Step, key: str, parts: dict, scratch: Path, store: Store) -> dict:
         step.log.parent.mkdir(parents=True, exist_ok=True)
         step.log.write_text(f"# {step.stage} {step.name} key={key}\n")
-        step.action(StepContext(step, scratch))
+        with codehash.running(action_module(step.action), step.config, dict(stage=step.stage, **step.where)):
+            step.action(StepContext(step, scratch))  # asking for a backend its key lacks: refused
         missing = [o for o in step.outputs if not (scratch / o).is_file()]
         if missing:
             raise RuntimeError(f"stage {step.stage} did not write {missing}")  # a bug, not user error
@@ -407,7 +419,7 @@ def doit_call(fn: Callable, *args):
 
 
 def doit_task(step: Step) -> dict:
-    return {
+    task = {
         "name": step.name,
         "doc": step.doc,
         "actions": [(doit_action, [step])],

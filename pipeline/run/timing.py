@@ -1,5 +1,7 @@
 """Timing compiled artifacts and onnxruntime on this machine: one runner per artifact format and
 device (each call returns its phases in ns and the outputs), and the statistics of the samples.
+TVM's runner is run/tvm_timing.py's (kept apart so that IREE's steps do not hold TVM's runtime in
+their code digest); the table of runners by key is bench/measure.py's RUNNERS.
 
 Used by `doit bench` (pipeline/bench) and by the `choose` stage's fastest-on-host policy.
 """
@@ -12,7 +14,7 @@ from typing import Callable, Protocol
 
 from ..core.errors import PipelineError
 from ..core.tools import distribution_version
-from . import tvm_run, vulkan
+from . import vulkan
 from .iree_load import to_host
 
 NOISY_CV = 0.10          # a series whose coefficient of variation is above this is flagged noisy
@@ -184,34 +186,3 @@ class OnnxruntimeCpuRunner:
         t0 = self.clock()
         outputs = self.session.run(None, feeds)
         return {"total": self.clock() - t0}, outputs
-
-
-class TvmCpuRunner:
-    """A TVM `.so` on this machine's CPU through TVM's runtime (Relax VM), loaded once.
-
-    Per iteration: copy in = `tvm.runtime.tensor` of each input; invoke = the entry function
-    (synchronous); read back = `.numpy()` of each result. TVM's thread pool gets `threads`
-    workers (TVM_NUM_THREADS, read when the pool starts: one thread count per process), which
-    do not spin (TVM_THREAD_POOL_SPIN_COUNT=0), like onnxruntime's and IREE's here: by default
-    they spin-wait after each call, and took the CPUs from whatever ran next (the search runs
-    onnxruntime right after the TVM artifact: its ppocr_det p50 was 90 ms there, 64 ms alone).
-    """
-
-    def __init__(self, so: Path, entry: str, device: str, threads: int):
-        os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = "0"  # read when TVM's thread pool starts
-        self.module, self.threads = tvm_run.TvmModule(str(so), entry, threads=threads), threads
-
-    def describe(self) -> dict:
-        return {"kind": "tvm-cpu", "runtime": f"apache-tvm {distribution_version('apache-tvm')} "
-                f"(Relax VM, Python)", "driver": "cpu", "threads": self.threads, "spin_count": 0,
-                "phases": {"copy_in": "tvm.runtime.tensor(input) per input",
-                           "invoke": "entry function call (synchronous)",
-                           "read_back": "Tensor.numpy() per output"}}
-
-    def __call__(self, inputs: list) -> tuple[dict, list]:
-        return self.module.timed(inputs)
-
-
-# Runner key -> runner class: the IREE driver name, or "tvm:<device>" for TVM artifacts.
-RUNNERS: dict[str, type] = {"local-task": IreeCpuRunner, "local-sync": IreeCpuRunner,
-                            "vulkan": IreeVulkanRunner, "tvm:cpu": TvmCpuRunner}

@@ -20,7 +20,7 @@ from conftest import FIXTURES, REPO, add_tiny_model
 FOURTH = FIXTURES / "fourth_backend"
 NEW_MODULES = ("pipeline/compilers/ort_backend.py", "pipeline/run/ort_run.py",
                "pipeline/spec/ort.py", "pipeline/stages/ort_compile.py")
-TABLES = {"pipeline/compilers/backends.py": 2, "pipeline/spec/target.py": 3}  # file -> lines added
+TABLES = {"pipeline/compilers/backends.py": 1, "pipeline/spec/target.py": 3}  # file -> lines added
 
 
 def package_with_fourth_backend(root: Path) -> None:

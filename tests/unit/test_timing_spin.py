@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pipeline.run import timing, tvm_run
+from pipeline.run import tvm_run, tvm_timing
 from pipeline.stages import choose
 
 
@@ -28,7 +28,7 @@ def fake_tvm(monkeypatch):
 
 def test_the_search_times_tvm_with_a_quiet_thread_pool(fake_tvm):
     runner = choose._runner({"format": "tvm-so", "path": "m.so", "entry": "main"}, 2)
-    assert isinstance(runner, timing.TvmCpuRunner)
+    assert isinstance(runner, tvm_timing.TvmCpuRunner)
     assert runner.module.spin_at_load == "0"  # set before TVM's pool could start
     assert sum(runner([])[0].values()) == 6
 
