@@ -203,7 +203,8 @@ def _value(name: str, producer: dict, known: dict, opset_import, depth: int = 0)
 
 # ----------------------------------------------------------------------------- sequences
 def fold_sequences(model, facts: Facts) -> list[str]:
-    """A sequence whose elements are known tensors (SequenceEmpty / SequenceConstruct, then
+    """A sequence whose elements are known tensors (SequenceEmpty / SequenceConstruct, a
+    SplitToSequence over a static axis (as Split, made once a reader folds), then
     SequenceInsert / SequenceErase at constant positions, Identity): its readers become tensor
     ops: ConcatFromSequence -> Concat (Unsqueeze first when `new_axis`), SequenceAt -> Identity
     of the element, SequenceLength -> the constant. The sequence ops then have no reader left,
@@ -213,12 +214,18 @@ def fold_sequences(model, facts: Facts) -> list[str]:
     known = {**_constant_values(graph), **facts.constants}
     version = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     held: dict = {}   # sequence name -> the tensor names it holds, in order
+    splits: dict = {}  # SplitToSequence's index -> (the nodes making its elements, their names)
     replacements, touched = {}, []
     for k, node in enumerate(graph.node):
         op, ins = node.op_type, list(node.input) + ["", ""]
         out = node.output[0] if node.output else ""
         seq = held.get(ins[0])
-        if op == "SequenceEmpty":
+        if op == "SplitToSequence":
+            planned = _split_elements(graph, node, facts.shapes.get(ins[0]), known, version)
+            if planned is not None:
+                splits[k] = planned
+                held[out] = planned[1]
+        elif op == "SequenceEmpty":
             held[out] = []
         elif op == "SequenceConstruct":
             held[out] = list(node.input)
@@ -249,8 +256,47 @@ def fold_sequences(model, facts: Facts) -> list[str]:
                 b.op("Concat", items, out=[out], axis=a["axis"])
             replacements[k] = b.nodes
             touched.append(f"{out} ({op} of a sequence of {len(seq)} tensors)")
+            for j, (nodes, names) in splits.items():  # the elements it reads exist from now on
+                if set(names) & set(seq) and j not in replacements:
+                    replacements[j] = nodes + [graph.node[j]]
     _replace(graph, replacements)
     return touched
+
+
+def _split_elements(graph, node, dims, known: dict, version: int):
+    """(nodes, element names) of a SplitToSequence over a static axis as Split (+ Squeeze when
+    `keepdims` is 0 and no `split` is given), or None (the axis or the split not known)."""
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    a = _attrs(node)
+    axis = a.get("axis", 0)
+    if dims is None or not -len(dims) <= axis < len(dims) or not isinstance(dims[axis % len(dims)], int):
+        return None
+    size = dims[axis % len(dims)]
+    split = node.input[1] if len(node.input) > 1 else ""
+    if split and split not in known:
+        return None
+    value = np.asarray(known[split]).reshape(-1) if split else None
+    if value is None:
+        lengths = [1] * size
+    elif np.asarray(known[split]).ndim == 0:   # chunks of this length, the last one shorter
+        step = int(value[0])
+        lengths = [min(step, size - s) for s in range(0, size, step)] if step > 0 else []
+    else:
+        lengths = [int(v) for v in value]
+    if not lengths or sum(lengths) != size or len(lengths) > MAX_ITERATIONS:
+        return None
+    b = _Builder(graph, node.name or node.output[0])
+    parts = [b.name("part") for _ in lengths]
+    if version >= 13:
+        b.op("Split", [node.input[0], b.const(np.array(lengths, np.int64), "split")], out=parts,
+             axis=axis)
+    else:
+        b.op("Split", [node.input[0]], out=parts, axis=axis, split=lengths)
+    if split or a.get("keepdims", 1):
+        return b.nodes, parts
+    squeezed = [b.op("Squeeze", [p, b.const(np.array([axis], np.int64), "axes")]) if version >= 13
+                else b.op("Squeeze", [p], axes=[axis]) for p in parts]
+    return b.nodes, squeezed
 
 
 def _position(name: str, known: dict, length: int, default, insert: bool = False):

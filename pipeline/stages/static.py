@@ -272,9 +272,33 @@ def _fail_if_dynamic(model, facts) -> None:
                       "spec (an integer input with test_data random low == high), else re-export "
                       "the model without the branch")
     shown = ", ".join(dynamic[:8]) + (f" and {len(dynamic) - 8} more" if len(dynamic) > 8 else "")
-    raise Refusal(f"dynamic dims remain after binding the inputs and simplifying: {shown}",
-                  "the shape depends on data at run time; such a model cannot be compiled "
-                  "statically as it is")
+    roots = _where_inference_stops(model, dynamic)
+    raise Refusal(f"dynamic dims remain after binding the inputs and simplifying: {shown}"
+                  + (f"; shape inference stops at {'; '.join(roots)}" if roots else ""),
+                  "the shape depends on data at run time, or on an op whose shape neither onnx's "
+                  "inference (with data propagation) nor folding computes (named above); such a "
+                  "model cannot be compiled statically as it is")
+
+
+def _where_inference_stops(model, dynamic: list[str], most: int = 3) -> list[str]:
+    """The first nodes (graph order) with an output of no static shape though every input they
+    read has one: where inference stops, the others follow from them. Each as `op 'name'
+    (domain) reading input [dims], ...`."""
+    bad = {d.split(" ")[0] for d in dynamic}
+    dims = {vi.name: _dims(vi) for vi in list(model.graph.input) + list(model.graph.value_info)
+            + list(model.graph.output)}
+    dims.update({t.name: list(t.dims) for t in model.graph.initializer})
+    found = []
+    for node in model.graph.node:
+        if not any(o in bad for o in node.output) or any(i in bad for i in node.input if i):
+            continue
+        reads = ", ".join(f"{i} {'(no shape)' if dims.get(i) is None else dims[i]}"
+                          for i in node.input if i) or "nothing"
+        domain = f" (domain {node.domain})" if node.domain not in ("", "ai.onnx") else ""
+        found.append(f"{node.op_type} {node.name or node.output[0]!r}{domain} reading {reads}")
+        if len(found) == most:
+            break
+    return found
 
 
 def run(ctx) -> None:

@@ -113,12 +113,15 @@ def test_a_for_loop_of_2_63_iterations_is_declined_at_once():
 
 
 # ----------------------------------------------------------------------------- the stage, IREE
+RANGES = {"ids": (0, sc.ENC["vocab"] - 1), "mask": (0, 1)}   # token ids, a 0/1 mask
+
+
 def _spec(folder, case) -> None:
     bound = {c["name"]: c["value"] for c in case.constants()}
     lines = ["description: generated static-class case", "source:", "  path: model.onnx",
              f"  sha256: {sha256(folder / 'model.onnx')}", "inputs:"]
     for i in case.inputs():
-        lo, hi = (bound[i["name"]],) * 2 if i["name"] in bound else (-1.0, 1.0)
+        lo, hi = (bound[i["name"]],) * 2 if i["name"] in bound else RANGES.get(i["name"], (-1.0, 1.0))
         lines += [f"  {i['name']}:", f"    shape: {i['shape']}", f"    dtype: {i['dtype']}",
                   f"    test_data: {{random: {{seed: 0, low: {lo}, high: {hi}}}}}"]
     lines.append("tolerance: {max_abs: 1.0e-5, mean_abs: 1.0e-6, cosine: 0.99999}")
@@ -126,7 +129,8 @@ def _spec(folder, case) -> None:
 
 
 @pytest.mark.parametrize("case,rule", [(sc.InitInputCase(False, 4, 9), "initializer-inputs-as-constants"),
-                                       (sc.MapFnCase("shape", "carried", "and", 13), "unroll-loop")],
+                                       (sc.MapFnCase("shape", "carried", "and", 13), "unroll-loop"),
+                                       (sc.EncoderCase("unbind", "int64", 1, 18), "fold-sequences")],
                          ids=lambda c: getattr(c, "name", c))
 def test_the_stage_records_it_and_iree_runs_the_result(tmp_path, case, rule):
     folder = tmp_path / "models" / "case"
@@ -172,3 +176,69 @@ def test_a_declared_initializer_input_is_an_input_through_the_stage(tmp_path):
     (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("  scale:", "  scales:"))
     with pytest.raises(Exception, match="the model has no input named 'scales'"):
         graph.load_project(tmp_path / "models", tmp_path / "artifacts", "host")
+
+
+# ----------------------------------------------------------------------------- transformer shapes
+@pytest.mark.parametrize("case", sc.encoder_cases(), ids=lambda c: c.name)
+def test_every_value_of_an_encoder_gets_a_static_shape(case):
+    """Embeddings, Range position ids Expanded to the batch, masks Expanded to [B, H, S, S],
+    heads split and merged with shapes from Shape->Gather->Unsqueeze->Concat (or Shape's
+    start/end), layers sharing weights; TorchScript's unbind/cat as SplitToSequence with
+    SequenceAt or ConcatFromSequence (folded: Split, Squeeze, Concat)."""
+    model, made = _made_static(case, atol=1e-5)
+    ops = {n.op_type for n in model.graph.node}
+    assert not ops & {"SplitToSequence", "SequenceAt", "ConcatFromSequence", "Range", "Shape"}
+    folded = _rule(made, "fold-sequences")
+    if case.heads == "unbind":
+        want = [f"l{k}_r{n} (SequenceAt of a sequence of 3 tensors)" for k in range(case.layers)
+                for n in "qkv"]
+        want += [f"l{k}_y0 (ConcatFromSequence of a sequence of {sc.ENC['heads']} tensors)"
+                 for k in range(case.layers)]
+        assert sorted(folded) == sorted(want)
+    else:
+        assert folded == []
+
+
+def test_split_to_sequence_with_split_lengths_folds():
+    """A `split` input (chunks of 4, then 2: a scalar; or explicit lengths) keeps the axis;
+    the elements are read by SequenceAt and ConcatFromSequence."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    for split in (np.array(4, np.int64), np.array([1, 5], np.int64)):
+        nodes = [h.make_node("SplitToSequence", ["x", "split"], ["seq"], axis=1),
+                 h.make_node("SequenceAt", ["seq", "one"], ["second"]),
+                 h.make_node("Neg", ["second"], ["z"]),
+                 h.make_node("ConcatFromSequence", ["seq"], ["y"], axis=1)]
+        model = h.make_model(h.make_graph(
+            nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["N", "T"])],
+            [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("z", T.FLOAT, None)],
+            [onnx.numpy_helper.from_array(split, "split"),
+             onnx.numpy_helper.from_array(np.array(1, np.int64), "one")]),
+            opset_imports=[h.make_opsetid("", 18)])
+        x = np.arange(12, dtype=np.float32).reshape(2, 6)
+        expected = _run(model, {"x": x})
+        folded, made = static.make_static(model, [{"name": "x", "shape": [2, 6], "dtype": "float32"}])
+        assert {n.op_type for n in folded.graph.node} <= {"Split", "Concat", "Identity", "Neg", "Slice"}
+        for got, want in zip(_run(folded, {"x": x}), expected):
+            np.testing.assert_array_equal(got, want)
+        assert sorted(_rule(made, "fold-sequences")) == [
+            "second (SequenceAt of a sequence of 2 tensors)",
+            "y (ConcatFromSequence of a sequence of 2 tensors)"]
+
+
+def test_where_shape_inference_stops_is_named():
+    """An op no inference knows: the values after it are listed, and the op where it stops
+    is named with the shapes it reads, rather than only a list of unshaped values."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    nodes = [h.make_node("Relu", ["x"], ["r"]),
+             h.make_node("Foo", ["r"], ["_v_247"], domain="custom", name="foo"),
+             h.make_node("Relu", ["_v_247"], ["y"])]
+    model = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["B", 8])],
+                                      [h.make_tensor_value_info("y", T.FLOAT, ["B", 8])]),
+                         opset_imports=[h.make_opsetid("", 18), h.make_opsetid("custom", 1)])
+    with pytest.raises(static.Refusal) as info:
+        static.make_static(model, [{"name": "x", "shape": [1, 8], "dtype": "float32"}])
+    assert info.value.what == ("dynamic dims remain after binding the inputs and simplifying: "
+                               "y (unknown shape), _v_247 (no shape inferred); shape inference "
+                               "stops at Foo 'foo' (domain custom) reading r [1, 8]")

@@ -238,3 +238,196 @@ def map_fn_cases() -> list[MapFnCase]:
     cases += [MapFnCase("shape", "iteration", "less", 11), MapFnCase("shape", "carried", "and", 18),
               MapFnCase("body", "iteration", "and", 18)]
     return cases
+
+
+# ----------------------------------------------------------------------------- transformer encoder
+ENC = {"vocab": 30, "embed": 8, "hidden": 16, "heads": 2, "positions": 12}
+ENC_INPUT = (1, 6)   # ids, mask [B, S] bound to this
+
+
+@dataclass(frozen=True)
+class EncoderCase:
+    heads: str = "chain"   # chain (Shape->Gather->Unsqueeze->Concat) | slice (Shape[start:end]) |
+    #                        unbind (TorchScript: one QKV MatMul unbound by SplitToSequence +
+    #                        SequenceAt, heads merged by SplitToSequence + ConcatFromSequence)
+    mask: str = "int64"    # int64 | bool (Where on the mask)
+    layers: int = 2        # ALBERT: every layer the same weights
+    opset: int = 18
+
+    @property
+    def name(self) -> str:
+        return f"encoder-{self.heads}-{self.mask}-x{self.layers}-op{self.opset}"
+
+    def model(self):
+        from onnx import TensorProto, helper
+        d = ENC["hidden"]
+        inits = [_w("emb", ENC["vocab"], ENC["embed"]), _w("emb_proj", ENC["embed"], d),
+                 _w("pos", ENC["positions"], d), _w("ln_g", d, scale=0.1, offset=1.0),
+                 _w("ln_b", d, scale=0.1), _w("wqkv", d, 3 * d), _w("bqkv", 3 * d, scale=0.1),
+                 _w("wo", d, d), _w("bo", d, scale=0.1)]
+        for k in range(3):
+            inits += [_w(f"w{'qkv'[k]}", d, d), _w(f"b{'qkv'[k]}", d, scale=0.1)]
+        nodes = [helper.make_node("Gather", ["emb", "ids"], ["e0"]),
+                 helper.make_node("MatMul", ["e0", "emb_proj"], ["e"])]
+        nodes += self._dims()
+        # position ids: Range(0, S) Unsqueezed and Expanded to [B, S]
+        nodes += [_const("zero", 0, "int64"), _const("one", 1, "int64"),
+                  helper.make_node("Range", ["zero", "S", "one"], ["pid"]),
+                  self._unsqueeze("pid", "pid2", [0]),
+                  helper.make_node("Concat", ["Bu", "Su"], ["bs"], axis=0),
+                  helper.make_node("Expand", ["pid2", "bs"], ["pids"]),
+                  helper.make_node("Gather", ["pos", "pids"], ["pe"]),
+                  helper.make_node("Add", ["e", "pe"], ["x0"])]
+        nodes += self._layer_norm("x0", "L0")
+        nodes += self._mask()
+        for layer in range(self.layers):
+            nodes += self._attention(f"L{layer}", f"L{layer + 1}", f"l{layer}_")
+        last = f"L{self.layers}"
+        if self.opset >= 18:   # axes an input from opset 18
+            nodes += [_const("seq_axis", [1], "int64"),
+                      helper.make_node("ReduceMean", [last, "seq_axis"], ["pooled"], keepdims=0)]
+        else:
+            nodes.append(helper.make_node("ReduceMean", [last], ["pooled"], axes=[1], keepdims=0))
+        graph = helper.make_graph(
+            nodes, "encoder",
+            [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
+             helper.make_tensor_value_info("mask", TensorProto.BOOL if self.mask == "bool"
+                                           else TensorProto.INT64, ["batch", "seq"])],
+            [helper.make_tensor_value_info(f"L{self.layers}", TensorProto.FLOAT, ["batch", "seq", d]),
+             helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", d])],
+            initializer=inits)
+        read = {i for n in nodes for i in n.input}
+        graph.initializer.sort(key=lambda t: t.name)
+        keep = [t for t in graph.initializer if t.name in read]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
+                                  producer_name="pytorch")
+        model.ir_version = 8
+        return model
+
+    def _unsqueeze(self, x: str, out: str, axes: list):
+        from onnx import helper
+        if self.opset >= 13:
+            return helper.make_node("Unsqueeze", [x, f"{out}__axes"], [out])
+        return helper.make_node("Unsqueeze", [x], [out], axes=axes)
+
+    def _dims(self) -> list:
+        """B, S as scalars and Bu, Su as [1] from the ids' shape, as the exporter writes them."""
+        from onnx import helper
+        axes = [_const(f"{v}__axes", [0], "int64") for v in ("Bu", "Su", "pid2")] if self.opset >= 13 else []
+        if self.heads == "slice" and self.opset >= 15:
+            return axes[2:] + [helper.make_node("Shape", ["ids"], ["Bu"], start=0, end=1),
+                               helper.make_node("Shape", ["ids"], ["Su"], start=1, end=2),
+                               helper.make_node("Squeeze", ["Su", "pid2__axes"], ["S"])]
+        return axes + [helper.make_node("Shape", ["ids"], ["s"]), _const("i0", 0, "int64"),
+                       _const("i1", 1, "int64"), helper.make_node("Gather", ["s", "i0"], ["B"]),
+                       helper.make_node("Gather", ["s", "i1"], ["S"]),
+                       self._unsqueeze("B", "Bu", [0]), self._unsqueeze("S", "Su", [0])]
+
+    def _layer_norm(self, x: str, out: str, p: str = "") -> list:
+        from onnx import helper
+        if self.opset >= 17:
+            return [helper.make_node("LayerNormalization", [x, "ln_g", "ln_b"], [out], axis=-1,
+                                     epsilon=1e-5)]
+        p = f"{p}{out}_"   # as torch exports it before opset 17
+        mean = (lambda i, o: helper.make_node("ReduceMean", [i], [o], axes=[-1], keepdims=1))
+        return [mean(x, p + "mu"), helper.make_node("Sub", [x, p + "mu"], [p + "c"]),
+                _const(p + "two", 2.0, "float32"), helper.make_node("Pow", [p + "c", p + "two"], [p + "c2"]),
+                mean(p + "c2", p + "var"), _const(p + "eps", 1e-5, "float32"),
+                helper.make_node("Add", [p + "var", p + "eps"], [p + "ve"]),
+                helper.make_node("Sqrt", [p + "ve"], [p + "sd"]),
+                helper.make_node("Div", [p + "c", p + "sd"], [p + "n"]),
+                helper.make_node("Mul", [p + "n", "ln_g"], [p + "g"]),
+                helper.make_node("Add", [p + "g", "ln_b"], [out])]
+
+    def _mask(self) -> list:
+        """mask [B, S] -> additive [B, 1, 1, S] (min where masked) Expanded to [B, H, S, S]."""
+        from onnx import TensorProto, helper
+        nodes = [_const("m_axes", [1, 2], "int64")]
+        nodes += [helper.make_node("Unsqueeze", ["mask", "m_axes"], ["m4"]) if self.opset >= 13
+                  else helper.make_node("Unsqueeze", ["mask"], ["m4"], axes=[1, 2])]
+        if self.mask == "bool":
+            nodes += [_const("keep", 0.0, "float32"), _const("drop", -3.4e38, "float32"),
+                      helper.make_node("Where", ["m4", "keep", "drop"], ["madd"])]
+        else:
+            nodes += [helper.make_node("Cast", ["m4"], ["mf"], to=TensorProto.FLOAT),
+                      _const("onef", 1.0, "float32"), helper.make_node("Sub", ["onef", "mf"], ["inv"]),
+                      _const("neg", -1e4, "float32"), helper.make_node("Mul", ["inv", "neg"], ["madd"])]
+        return nodes + [_const("Hc", [ENC["heads"]], "int64"),
+                        helper.make_node("Concat", ["Bu", "Hc", "Su", "Su"], ["bhss"], axis=0),
+                        helper.make_node("Expand", ["madd", "bhss"], ["mfull"]),
+                        _const("hd", [ENC["heads"], ENC["hidden"] // ENC["heads"]], "int64"),
+                        helper.make_node("Concat", ["Bu", "Su", "hd"], ["heads_shape"], axis=0),
+                        _const("Dc", [ENC["hidden"]], "int64"),
+                        helper.make_node("Concat", ["Bu", "Su", "Dc"], ["merged_shape"], axis=0)]
+
+    def _attention(self, x: str, out: str, p: str) -> list:
+        from onnx import TensorProto, helper
+        d, h = ENC["hidden"], ENC["heads"]
+        nodes = []
+        if self.heads == "unbind":   # one MatMul, [B, S, 3, H, Dh], unbound along 2
+            nodes += [helper.make_node("MatMul", [x, "wqkv"], [p + "qkv0"]),
+                      helper.make_node("Add", [p + "qkv0", "bqkv"], [p + "qkv1"]),
+                      _const(p + "three", [3, h, d // h], "int64"),
+                      helper.make_node("Concat", ["Bu", "Su", p + "three"], [p + "qkv_shape"], axis=0),
+                      helper.make_node("Reshape", [p + "qkv1", p + "qkv_shape"], [p + "qkv"]),
+                      helper.make_node("SplitToSequence", [p + "qkv"], [p + "qkv_seq"], axis=2, keepdims=0)]
+            for k, name in enumerate("qkv"):
+                nodes += [_const(p + f"at{k}", k, "int64"),
+                          helper.make_node("SequenceAt", [p + "qkv_seq", p + f"at{k}"], [p + f"r{name}"])]
+        else:
+            for name in "qkv":
+                nodes += [helper.make_node("MatMul", [x, f"w{name}"], [p + f"m{name}"]),
+                          helper.make_node("Add", [p + f"m{name}", f"b{name}"], [p + f"a{name}"]),
+                          helper.make_node("Reshape", [p + f"a{name}", "heads_shape"], [p + f"r{name}"])]
+        for name in "qkv":
+            nodes.append(helper.make_node("Transpose", [p + f"r{name}"], [p + f"t{name}"],
+                                          perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3]))
+        nodes += [helper.make_node("MatMul", [p + "tq", p + "tk"], [p + "sc0"]),
+                  helper.make_node("Shape", [p + "tq"], [p + "qs"]), _const(p + "last", [-1], "int64"),
+                  _const(p + "end", [2 ** 62], "int64"),
+                  helper.make_node("Slice", [p + "qs", p + "last", p + "end"], [p + "dh"]),
+                  helper.make_node("Cast", [p + "dh"], [p + "dhf"], to=TensorProto.FLOAT),
+                  helper.make_node("Sqrt", [p + "dhf"], [p + "sq"]),
+                  helper.make_node("Div", [p + "sc0", p + "sq"], [p + "sc1"]),
+                  helper.make_node("Add", [p + "sc1", "mfull"], [p + "sc"]),
+                  helper.make_node("Softmax", [p + "sc"], [p + "pr"], axis=-1),
+                  helper.make_node("MatMul", [p + "pr", p + "tv"], [p + "ctx"])]
+        if self.heads == "unbind":   # torch.cat(ctx.unbind(1), -1): heads merged by a sequence
+            nodes += [helper.make_node("SplitToSequence", [p + "ctx"], [p + "ctx_seq"], axis=1, keepdims=0),
+                      helper.make_node("ConcatFromSequence", [p + "ctx_seq"], [p + "y0"], axis=-1)]
+        else:
+            nodes += [helper.make_node("Transpose", [p + "ctx"], [p + "ct"], perm=[0, 2, 1, 3]),
+                      helper.make_node("Reshape", [p + "ct", "merged_shape"], [p + "y0"])]
+        nodes += [helper.make_node("MatMul", [p + "y0", "wo"], [p + "o0"]),
+                  helper.make_node("Add", [p + "o0", "bo"], [p + "o1"]),
+                  helper.make_node("Add", [p + "o1", x], [p + "res"])]
+        nodes += self._layer_norm(p + "res", p + "ln", p)
+        return nodes + [  # GELU with Erf, as torch exports it
+            _const(p + "rt", float(_np().sqrt(0.5)), "float32"),
+            helper.make_node("Mul", [p + "ln", p + "rt"], [p + "gh"]),
+            helper.make_node("Erf", [p + "gh"], [p + "er"]), _const(p + "onef", 1.0, "float32"),
+            helper.make_node("Add", [p + "er", p + "onef"], [p + "e1"]),
+            _const(p + "half", 0.5, "float32"), helper.make_node("Mul", [p + "ln", p + "half"], [p + "lh"]),
+            helper.make_node("Mul", [p + "lh", p + "e1"], [out])]
+
+    def inputs(self) -> list[dict]:
+        return [{"name": "ids", "shape": list(ENC_INPUT), "dtype": "int64"},
+                {"name": "mask", "shape": list(ENC_INPUT), "dtype": "bool" if self.mask == "bool" else "int64"}]
+
+    def constants(self) -> list[dict]:
+        return []
+
+    def feeds(self) -> dict:
+        np = _np()
+        mask = np.ones(ENC_INPUT, np.int64)
+        mask[:, -2:] = 0   # padding at the end
+        return {"ids": _rng().integers(0, ENC["vocab"], ENC_INPUT).astype(np.int64),
+                "mask": mask.astype(bool) if self.mask == "bool" else mask}
+
+
+def encoder_cases() -> list[EncoderCase]:
+    return [EncoderCase("chain", "int64", 2, 13), EncoderCase("chain", "bool", 2, 17),
+            EncoderCase("slice", "int64", 3, 18), EncoderCase("unbind", "int64", 2, 13),
+            EncoderCase("unbind", "bool", 1, 18)]
