@@ -444,9 +444,8 @@ def exact_integer_reference(model, input_shapes: dict) -> dict | None:
     found = u8s8_ops(model)
     if not found:
         return None
-    import copy
     import onnx  # onnx: 1.5 s, not needed by doit list
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # onnx: 1.5 s, not needed by doit list
     inits = {t.name: t for t in model.graph.initializer}
     nodes, done = [], {}
     for n in model.graph.node:
@@ -479,7 +478,7 @@ def exact_integer_reference(model, input_shapes: dict) -> dict | None:
     contrib = {k: v for k, v in found.items() if k not in ("MatMulInteger", "ConvInteger")}
     left = {k: v for k, v in found.items() if k == "ConvInteger"}
     if contrib:
-        trial = copy.deepcopy(model)
+        trial = onnx.ModelProto.FromString(model.SerializeToString())
         for vi in trial.graph.input:
             if vi.name in input_shapes:
                 dims = vi.type.tensor_type.shape.dim

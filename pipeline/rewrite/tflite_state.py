@@ -26,6 +26,11 @@ flow other than CALL_ONCE (WHILE, IF, CALL) is not this rewrite's and is refused
 """
 from __future__ import annotations
 
+import hashlib
+
+from ..spec.sources import TFLITE_DTYPES
+from .tflite_rewrite import _drop_unused_tensors
+
 VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE, CALL_ONCE, RESHAPE = 142, 143, 144, 129, 22
 RESOURCE = 13
 CALLS = 3  # consecutive calls the check carries the state over
@@ -66,7 +71,6 @@ def _variable(op) -> str:
 
 def _constant(model, t):
     import numpy as np  # numpy: 0.2 s, not needed by doit list
-    from ..spec.sources import TFLITE_DTYPES
     data = model.buffers[t.buffer].data if t.buffer else None
     if data is None or len(data) == 0:
         return None
@@ -105,7 +109,7 @@ def _initial_values(data: bytes, init_index: int) -> dict:
     if computed:
         sub.operators, sub.inputs, sub.outputs = kept, [], list(computed.values())
         model.subgraphs, model.signatureDefs = [sub], []
-        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType  # LiteRT: 0.1 s, not needed by doit list
         interp = Interpreter(model_content=_pack(model), num_threads=1,
                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         interp.allocate_tensors()
@@ -228,7 +232,6 @@ def explicit_state(data: bytes) -> tuple[bytes, dict]:
                           **describe_initial(initial)})
     main.inputs, main.outputs = inputs, outputs
     model.subgraphs, model.signatureDefs = [main], []
-    from .tflite_rewrite import _drop_unused_tensors
     _drop_unused_tensors(model)
     used = sorted({op.opcodeIndex for op in main.operators})  # VAR_HANDLE & co. gone from the codes
     model.operatorCodes = [model.operatorCodes[k] for k in used]
@@ -244,7 +247,6 @@ def explicit_state(data: bytes) -> tuple[bytes, dict]:
 def describe_initial(initial) -> dict:
     """A variable's initial value for the record: `initial` (the values, nested lists, up to
     INLINE elements; else its fill value when every element is the same), and its sha256."""
-    import hashlib
     import numpy as np  # numpy: 0.2 s, not needed by doit list
     flat = initial.ravel()
     out = {"initial_sha256": hashlib.sha256(np.ascontiguousarray(initial).tobytes()).hexdigest()}
@@ -281,7 +283,7 @@ def _opcode(model, builtin: int) -> int:
 
 
 def _interpreter(data: bytes):
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType  # LiteRT: 0.1 s, not needed by doit list
     interp = Interpreter(model_content=data, num_threads=1,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     interp.allocate_tensors()

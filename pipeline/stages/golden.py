@@ -20,6 +20,7 @@ from ..core.layout import outputs_for, static_model
 from ..core.numerics import make_input
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
+from ..rewrite.contrib_ops import exact_integer_reference, u8s8_ops
 from ..rewrite.recurrent import sequence_first
 from ..rewrite.sources import tflite_run
 from ..run.ort import reduced_session, session, variant_feeds
@@ -138,7 +139,6 @@ def exact_reference(source, shapes: dict):
     on the CPU (rewrite/contrib_ops.py U8S8: dynamic int8): the source with its integer products
     computed exactly (exact_integer_reference), so that golden is the same on any CPU; else None."""
     import onnx  # onnx: 1.5 s, not needed by doit list
-    from ..rewrite.contrib_ops import exact_integer_reference, u8s8_ops
     if not u8s8_ops(onnx.load(str(source), load_external_data=False)):
         return None
     model = onnx.load(str(source))
