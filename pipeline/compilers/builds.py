@@ -7,12 +7,19 @@ here. Which compiler can take a model is a fact of the `coverage` step (its cove
 back here), not of loading: the steps after it are made once it has run (dodo.py creates them
 after `coverage`). Before that (`doit list`), every ABI of the target is listed.
 
+A slot that builds one candidate has a *fallback*: the next ABI of another compiler that could
+build the model but is left out (`build: shipped`, or an untuned build that cannot win). Its
+steps are in the graph, gated (graph/fallback.py): they build only when the preferred candidate
+fails to compile or to validate, and each side leaves an *attempt* record (`attempt`, below)
+that choose and manifest read instead of the artifacts, which may not exist.
+
 Kept out of stages/coverage.py, which writes the verdicts, so that the code digest of a compile
 step does not take in the coverage stage's own imports (the static stage, TVM's importer).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..core.layout import coverage_file
 from ..spec.tvm import budget
@@ -64,8 +71,65 @@ def can_build(project, model, target, abi) -> bool:
 
 def not_needed(project, model, target, abi) -> str | None:
     """Why the ABI is not built although it could be: the slot builds only what ships
-    (`_not_shipped`), or it is an untuned build that cannot win (`cannot_win`)."""
+    (`_not_shipped`), or it is an untuned build that cannot win (`cannot_win`); never for the
+    slot's fallback (`fallback_pair`), whose steps build when the preferred candidate fails."""
+    if fallback_role(project, model, target, abi):
+        return None
+    return _left_out(project, model, target, abi)
+
+
+def _left_out(project, model, target, abi) -> str | None:
     return _not_shipped(project, model, target, abi) or cannot_win(project, model, target, abi)
+
+
+def fallback_pair(project, model, target, slot: dict) -> dict | None:
+    """{preferred, fallback, why} of a slot that builds one candidate while another compiler's
+    ABI could build the model but is left out (`_not_shipped`, `cannot_win`): the fallback is
+    built and validated only when the preferred fails to compile or validate. None for a slot
+    with an explicit choice (the user's choice fails as it is), a pin of `doit search`, more than
+    one candidate built, or an ABI validated through a twin (its twin's build is a step of its own)."""
+    if model.ship.get(target.name, {}).get(slot["name"]):
+        return None
+    if slot["name"] in project.pinned_slots.get((target.name, model.name), {}):
+        return None
+    by_name = {a.name: a for a in target.abis}
+    able = [by_name[n] for n in slot["abis"] if can_build(project, model, target, by_name[n])]
+    left = {a.name: _left_out(project, model, target, a) for a in able}
+    kept = [a for a in able if not left[a.name]]
+    if len(kept) != 1 or kept[0].run.get("via") == "twin":
+        return None
+    preferred = kept[0]
+    spare = [a for a in able if left[a.name] and backend_of(a) is not backend_of(preferred)
+             and a.run.get("via") != "twin"]
+    if not spare:
+        return None
+    return {"preferred": preferred.name, "fallback": spare[0].name, "why": left[spare[0].name]}
+
+
+def fallback_role(project, model, target, abi) -> dict | None:
+    """The slot's fallback_pair with `role` (preferred | fallback) when the ABI is one of them."""
+    for slot in target.ship:
+        if abi.name in slot["abis"]:
+            pair = fallback_pair(project, model, target, slot)
+            if pair and abi.name in (pair["preferred"], pair["fallback"]):
+                return {**pair, "slot": slot["name"],
+                        "role": "preferred" if abi.name == pair["preferred"] else "fallback"}
+    return None
+
+
+# ----------------------------------------------------------------------------- attempts
+ATTEMPT = "{stage}.attempt.json"  # beside the stage's folder: <t>/<m>/<abi>/<stage>.attempt.json
+
+
+def attempt_file(layout, target_name: str, model_name: str, abi_name: str, stage: str) -> Path:
+    """The attempt record of a gated step (the preferred's or the fallback's compile or
+    validate): status passed (with the step's key and outputs' sha256s), failed (the preferred's
+    error: stage, class, what, hint) or not-needed (the fallback, when the preferred passed)."""
+    return layout.artifact_stage(target_name, model_name, abi_name, ATTEMPT.format(stage=stage))
+
+
+def read_attempt(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
 
 
 def cannot_win(project, model, target, abi) -> str | None:
@@ -90,8 +154,8 @@ def cannot_win(project, model, target, abi) -> str | None:
     return (f"not built: an untuned {backend.title} build cannot win (untuned CPU code ran 12-80x "
             f"onnxruntime's time) and {others[0]} is built for slot {slot['name']}; the model has no "
             f"tuning budget or database for {target.name} (tvm.tune.{target.name} in its "
-            f"model.yaml); built with one, with ship.{target.name}.{slot['name']}: {abi.name}, "
-            f"or with untuned=1")
+            f"model.yaml); built when {others[0]} fails, with one, with "
+            f"ship.{target.name}.{slot['name']}: {abi.name}, or with untuned=1")
 
 
 def _not_shipped(project, model, target, abi) -> str | None:
@@ -119,7 +183,8 @@ def _not_shipped(project, model, target, abi) -> str | None:
     if abi.name == ships or abi.name not in candidates:
         return None
     return (f"not built: {why}, and the slot builds only what ships (build: shipped in the "
-            f"target); it is built when {ships} is skipped for the model, or with build: all")
+            f"target); it is built when {ships} is skipped for the model or fails, or with "
+            f"build: all")
 
 
 def built_abis(project, model, target, backend) -> list:

@@ -99,6 +99,8 @@ class Step:
     where: dict = field(default_factory=dict)  # model=, target= for error messages
     owns_dir: bool = True          # the step owns out_dir entirely (stray files are removed)
     after: tuple = ()              # doit tasks that must succeed first, without being inputs
+    gate: Any = field(default=None, compare=False)  # graph/fallback.py: a step of a slot's
+    #                                preferred/fallback pair; its `task(step, task)` gives the doit task
     config_type: type | None = None  # the class of `cfg` (set from `config`)
     cfg: StageConfig = field(init=False, repr=False, compare=False)  # typed: what run(ctx) reads
 
@@ -429,3 +431,4 @@ def doit_task(step: Step) -> dict:
         "task_dep": list(step.after),
         "clean": [(unpublish, [step])],
     }
+    return step.gate.task(step, task) if step.gate is not None else task

@@ -38,7 +38,7 @@ class Project:
     untuned: bool = False        # untuned=1: build untuned TVM artifacts that cannot win (builds.cannot_win)
 
     def steps(self, stage: str) -> list[Step]:
-        return BY_NAME[stage].module.steps(self)
+        return BY_NAME[stage].steps(self)
 
 
 def load_project(models: str | Path, artifacts: str | Path, target: str | None,

@@ -19,6 +19,11 @@ BACKENDS (pipeline/compilers/backends.py) are the compilers a target's ABIs name
 artifacts in its own stages (`compile_stage`, `tune_stage`, pipeline/stages/<name>.py), which
 STAGES takes from the backend's row (backend_stages), so a new backend adds no row here; the
 stages they share (coverage, validate, choose, manifest) ask the backend.
+
+A slot's fallback compiler (compilers/builds.py `fallback_pair`): the preferred candidate's and
+the fallback's compile and validate steps are gated (graph/fallback.py, applied in Stage.steps):
+the fallback builds only when the preferred fails to compile or validate; choose and manifest
+read their attempt records.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ..compilers.backends import BACKENDS
+from .fallback import gate as gate_fallbacks
 from ..stages import (accuracy, choose, coverage, golden, import_model, manifest, quantize, runtime,
                       search_configs, static, validate)
 
@@ -39,6 +45,10 @@ class Stage:
     after_coverage: bool = False
     in_build: bool = True    # part of `doit build` (and of the no-op snapshot); else only of the
                              # commands that need it (`runtime`: `doit release`)
+
+    def steps(self, project) -> list:
+        """The stage's steps for the project (Project.steps), a slot's fallback pair gated."""
+        return gate_fallbacks(project, self.module.steps(project))
 
 
 def backend_stages() -> list[Stage]:

@@ -20,6 +20,12 @@ and the policy that picks it:
                    (pipeline/bench/config_search.py); it applies only while the candidates are the
                    very bytes that were timed (their sha256s), else the reason says why not and the
                    slot's policy decides. No timing happens in the build.
+  fallback         (not declared: a slot that builds one candidate, compilers/builds.py
+                   `fallback_pair`) the preferred candidate failed to compile or to validate, so
+                   the slot's fallback (the next ABI of another compiler, left out while the
+                   preferred works) was built, validated, and ships; the reason and `failed` give
+                   the preferred's stage, error class and error. The two read attempt records
+                   (graph/fallback.py), not artifacts that may not exist.
 A model can override all of them with an explicit choice: `ship: {rk3588: {cpu: cpu-aarch64-tvm}}`
 in its model.yaml (a shape variant does not inherit its model's: its figures are its own). A
 candidate skipped by op coverage is not a candidate.
@@ -39,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers.backends import BY_FORMAT, backend_of
-from ..compilers.builds import not_needed, skipped, unsupported
+from ..compilers.builds import (attempt_file, fallback_pair, not_needed, read_attempt, skipped,
+                                unsupported)
 from ..core.layout import golden_files
 from ..core.steps import StageConfig, Step, where
 from ..core.store import pretty_json, sha256_file
@@ -65,6 +72,7 @@ class Slot(StageConfig):
     proxy_of: dict                  # fastest-on-host: candidate -> {name: target/abi, format}
     golden_inputs: tuple[str, ...]  # the golden input files the proxies are timed on
     pinned: dict | None = None      # `doit search`'s winner: {ships, reason, sha256: {abi: sha256}}
+    fallback: dict | None = None    # {preferred, fallback, why}: built only if the preferred fails
 
     def problems(self):
         if self.policy not in POLICIES:
@@ -79,11 +87,19 @@ class Slot(StageConfig):
         if self.pinned is not None and (set(self.pinned) != {"ships", "reason", "sha256"}
                                         or self.pinned["ships"] not in self.order):
             yield f"slot {self.name}: pinned is {{ships, reason, sha256}}, ships an ABI of the slot"
+        if self.fallback is not None and (
+                set(self.fallback) != {"preferred", "fallback", "why"}
+                or self.candidates != (self.fallback["preferred"],)
+                or self.fallback["fallback"] not in self.order or self.pinned or self.explicit):
+            yield (f"slot {self.name}: fallback is {{preferred, fallback, why}} of a slot whose one "
+                   f"candidate is the preferred, with no pin or explicit choice")
 
     def as_key(self) -> dict:
         key = super().as_key()
         if self.pinned is None:  # the key of a slot without a pin is what it was before pins
             del key["pinned"]
+        if self.fallback is None:  # ... and without a fallback, before fallbacks
+            del key["fallback"]
         return key
 
 
@@ -111,7 +127,9 @@ def run(ctx) -> None:
         entry = {"candidates": candidates, "policy": slot.policy, "skipped": slot.skipped}
         pinned = slot.pinned if len(candidates) > 1 and not slot.explicit else None
         stale = _stale(ctx, slot) if pinned else None
-        if not candidates:
+        if slot.fallback:
+            entry.update(_fallback(ctx, slot))
+        elif not candidates:
             entry.update(ships=None, reason="no candidate: every ABI of the slot was skipped")
         elif slot.explicit:
             entry.update(ships=slot.explicit, policy="explicit",
@@ -149,6 +167,27 @@ def _stale(ctx, slot: Slot) -> str | None:
         return ("the search timed other bytes of " + ", ".join(changed + missing)
                 + ": search again (doit search)")
     return None
+
+
+def _fallback(ctx, slot: Slot) -> dict:
+    """A slot with a fallback: the preferred ships when it validated; else the fallback, which
+    its gated steps built and validated (its failure fails the build before this step)."""
+    preferred, fallback = slot.fallback["preferred"], slot.fallback["fallback"]
+    mine = read_attempt(ctx.input(f"attempt:{preferred}"))
+    if mine["status"] == "passed":
+        left = {**slot.skipped, fallback: slot.fallback["why"]}
+        return {"ships": preferred, "skipped": left,
+                "reason": f"the only candidate ({_skipped_text(left)})"}
+    spare = read_attempt(ctx.input(f"attempt:{fallback}"))
+    if spare["status"] != "passed":  # its steps fail the build first: a bug if reached
+        raise ctx.error(f"{preferred} failed and its fallback {fallback} did not pass "
+                        f"({spare['status']})", hint="build again; report it if it stays")
+    failed = {k: mine[k] for k in ("stage", "error_class", "what")}
+    return {"ships": fallback, "policy": "fallback", "candidates": [fallback],
+            "failed": {preferred: failed},
+            "reason": f"fallback: {preferred} failed ({mine['error_class']} in {mine['stage']}: "
+                      f"{mine['what'].splitlines()[0]}); {fallback}, the slot's fallback, was "
+                      f"built and validated and ships"}
 
 
 def _skipped_text(skipped: dict) -> str:
@@ -206,6 +245,7 @@ def choose_step(project, model, target) -> Step:
     inputs, slots = {}, []
     for slot in target.ship:
         candidates, skipped_abis = [], {}
+        pair = fallback_pair(project, model, target, slot)
         for name in slot["abis"]:
             backend = backend_of(by_name[name])
             if model.skip_reason(name):
@@ -220,9 +260,15 @@ def choose_step(project, model, target) -> Step:
             if why_not:
                 skipped_abis[name] = why_not
                 continue
+            if pair:  # the preferred and its fallback: their validations' attempt records
+                inputs[f"attempt:{name}"] = attempt_file(layout, target.name, model.name, name,
+                                                         "validate")
+                if name == pair["fallback"]:
+                    continue
+            else:
+                inputs[f"validation:{name}"] = _artifact_files(layout, target.name, model,
+                                                               by_name[name])["validation"]
             candidates.append(name)
-            inputs[f"validation:{name}"] = _artifact_files(layout, target.name, model,
-                                                           by_name[name])["validation"]
         proxy_of = {}
         if slot["policy"] == "fastest-on-host" and len(candidates) > 1:
             for name in candidates:
@@ -244,7 +290,7 @@ def choose_step(project, model, target) -> Step:
                           candidates=tuple(candidates), skipped=skipped_abis, explicit=explicit,
                           proxy_of=proxy_of,
                           golden_inputs=tuple(f"input_{i}.npy" for i in range(len(model.inputs))),
-                          pinned=pinned))
+                          pinned=pinned, fallback=pair))
     return Step(stage="choose", name=f"{target.name}/{model.name}", version=VERSION,
                 config=Config(target=target.name, slots=tuple(slots)), inputs=inputs,
                 outputs=OUTPUTS, out_dir=layout.target_model_stage(target.name, model.name, "choose"),

@@ -17,6 +17,11 @@ the same, and a backend that tunes adds `tuning`: the database applied, or null)
 that was checked); `skipped` maps each ABI left out to why (the spec's `skip:` reason, or op
 coverage); `choice` says, per slot of the target, which artifact ships, by which policy and why,
 with each candidate's figures.
+
+A slot with a fallback (compilers/builds.py `fallback_pair`): the preferred's and the fallback's
+artifacts are read through their validations' attempt records (graph/fallback.py), not as
+inputs (one of them is not built). The one that did not ship is under `skipped` (the fallback,
+not needed) or `failed` (the preferred: stage, error class, what, hint).
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers.backends import backend_named, backend_of
-from ..compilers.builds import built, not_needed, variant_abis, variant_skip_reason
+from ..compilers.builds import (attempt_file, built, fallback_pair, not_needed, read_attempt,
+                                variant_abis, variant_skip_reason)
 from ..core.layout import coverage_file, static_model
 from ..core.numerics import worst_cosine
 from ..core.steps import RECORD, StageConfig, Step, key_value
@@ -70,6 +76,7 @@ class ModelEntry(StageConfig):
     shapes: tuple[str, ...] = ()    # a model with shape variants: their names
     variant_of: str | None = None   # a precision variant: its model ...
     precision: str | None = None    # ... and its precision
+    fallbacks: dict | None = None   # slot -> {preferred, fallback, why}: read through attempts
 
     def problems(self):
         if (self.shape_of is None) != (self.shape is None):
@@ -91,6 +98,8 @@ class ModelEntry(StageConfig):
             key["shapes"] = list(self.shapes)
         if self.variant_of is not None:
             key.update(variant_of=self.variant_of, precision=self.precision)
+        if self.fallbacks:
+            key["fallbacks"] = key_value(self.fallbacks)
         return key
 
 
@@ -117,16 +126,28 @@ def _json(ctx, name: str) -> dict:
 def run(ctx) -> None:
     cfg = ctx.cfg
     layout = ctx.step.layout
-    models = {}
+    models, files_of = {}, {}
     for model in cfg.models:
         name = model.name
         static = _json(ctx, f"{name}:static.json")
         golden = _json(ctx, f"{name}:golden.json")
-        artifacts = {}
+        artifacts, files, left, failed = {}, dict(ctx.step.inputs), {}, {}
+        paired = {p[k]: p for p in (model.fallbacks or {}).values() for k in ("preferred", "fallback")}
         for abi in cfg.target.abis:
             if abi["name"] in model.skipped or abi["name"] not in _built(model, abi):
                 continue
-            artifacts[abi["name"]] = _artifact(ctx, f"{name}:{abi['name']}", abi)
+            prefix = f"{name}:{abi['name']}"
+            if abi["name"] in paired:  # read through its attempt record
+                attempt = read_attempt(ctx.input(f"{prefix}:attempt"))
+                if attempt["status"] == "not-needed":
+                    left[abi["name"]] = paired[abi["name"]]["why"]
+                    continue
+                if attempt["status"] == "failed":
+                    failed[abi["name"]] = {k: attempt[k] for k in ("stage", "error_class", "what", "hint")}
+                    continue
+                files.update(_attempted_files(layout, cfg.target.name, name, abi, prefix))
+            artifacts[abi["name"]] = _artifact(ctx, files, prefix, abi)
+        files_of[name] = files
         models[name] = {
             "description": model.description,
             "source": model.source,
@@ -139,7 +160,8 @@ def run(ctx) -> None:
             # the static stage's graph surgery (pipeline/rewrite/static_rewrites.py): rule, nodes, why
             "static_rewrites": static.get("rewrites", []),
             "artifacts": artifacts,
-            "skipped": model.skipped,  # ABI -> why this model is not built for it
+            "skipped": {**model.skipped, **left},  # ABI -> why this model is not built for it
+            **({"failed": failed} if failed else {}),  # a preferred candidate that failed
             # shape variants (shapes.py): `shape_of`/`shape` on each, `shapes` on the model
             **{k: v for k, v in model.as_key().items() if k in ("shape_of", "shape", "shapes")},
         }
@@ -156,7 +178,7 @@ def run(ctx) -> None:
         report = _json(ctx, f"{name}:coverage.json")
         models[name]["coverage"] = report["compilers"]  # per compiler: status, unsupported ops, basis
         models[name]["skipped"] = dict(sorted({
-            **model.skipped,
+            **model.skipped, **left,
             **{abi: f"op coverage: {compiler.upper()} cannot take "
                     + ", ".join(sorted({u["op"] for u in entry["unsupported"]}))
                for compiler, entry in report["compilers"].items() if entry["status"] == "skipped"
@@ -168,17 +190,18 @@ def run(ctx) -> None:
                 "models": models}
     if cfg.target.ship:
         manifest["target"]["ship"] = list(cfg.target.ship)
-    manifest["coverage"] = _coverage_table(ctx, models)
+    manifest["coverage"] = _coverage_table(ctx, models, files_of)
     ctx.output("manifest.json").write_text(pretty_json(manifest))
 
 
-def _coverage_table(ctx, models: dict) -> dict:
+def _coverage_table(ctx, models: dict, files_of: dict) -> dict:
     """The target's coverage table (pipeline/stages/coverage.py, also `doit coverage`): per model,
     the ABIs that shipped and the fallback flags a build needed (IREE's), the compilers coverage
     skipped and why, the rewrites import and static applied."""
     compiled, rewrites = {}, {}
     for name, entry in models.items():
-        compiled[name] = {abi: _json(ctx, f"{name}:{abi}:compile.json") for abi in entry["artifacts"]}
+        compiled[name] = {abi: json.loads(Path(files_of[name][f"{name}:{abi}:compile.json"]).read_text())
+                          for abi in entry["artifacts"]}
         rewrites[name] = rewrites_of(*[(stage, _json(ctx, f"{name}:{stage}.json"))
                                        for stage in ("import", "static")
                                        if f"{name}:{stage}.json" in ctx.step.inputs])
@@ -193,15 +216,28 @@ def _built(model: ModelEntry, abi: dict) -> set:
     return {abi["name"]} if backend_named(abi["compiler"]).variants else set()
 
 
-def _artifact(ctx, prefix: str, abi: dict) -> dict:
+def _attempted_files(layout, target: str, model: str, abi: dict, prefix: str) -> dict:
+    """The files of a candidate read through its attempt record, under the inputs' names."""
+    backend = backend_named(abi["compiler"])
+    compiled = layout.artifact_stage(target, model, abi["name"], backend.compile_stage)
+    checked = layout.artifact_stage(target, model, abi["name"], "validate")
+    files: dict = {}
+    _artifact_inputs(files, prefix, compiled, checked, backend.artifact)
+    return files
+
+
+def _artifact(ctx, files: dict, prefix: str, abi: dict) -> dict:
     """An artifact entry: its file, how it was compiled (its backend's fields), what it
     requires, how it was validated, and the tuning database applied (when one was)."""
     backend = backend_named(abi["compiler"])
-    path = ctx.input(f"{prefix}:{backend.artifact}")
-    step = _json(ctx, f"{prefix}:compile.step")
-    report = _json(ctx, f"{prefix}:compile.json")
-    validation = _json(ctx, f"{prefix}:validation.json")
-    validate_step = _json(ctx, f"{prefix}:validate.step")
+
+    def read(name):
+        return json.loads(Path(files[name]).read_text())
+    path = Path(files[f"{prefix}:{backend.artifact}"])
+    step = read(f"{prefix}:compile.step")
+    report = read(f"{prefix}:compile.json")
+    validation = read(f"{prefix}:validation.json")
+    validate_step = read(f"{prefix}:validate.step")
     tools = step["key_parts"]["tools"]
     entry = {
         "path": ctx.step.layout.relative(path), "sha256": sha256_file(path),
@@ -249,6 +285,8 @@ def _choice(doc: dict, artifacts: dict) -> dict:
                 figures[abi]["host_proxy"] = {k: measured[abi][k] for k in ("proxy", "p50_ms", "min_ms")}
         out[slot] = {"ships": entry["ships"], "policy": entry["policy"], "reason": entry["reason"],
                      "candidates": figures, "skipped": entry["skipped"]}
+        if entry.get("failed"):  # policy fallback: the preferred candidate's failure
+            out[slot]["failed"] = entry["failed"]
     return out
 
 
@@ -274,8 +312,14 @@ def manifest_step(project, target) -> Step:
         inputs[f"{model.name}:golden.json"] = layout.model_stage(model.name, "golden") / "golden.json"
         if model.source_format != "onnx":  # a converted source: the rewrites of its graph
             inputs[f"{model.name}:import.json"] = layout.model_stage(model.base, "import") / "import.json"
+        pairs = _pairs(project, model, target)
+        paired = {p[k] for p in pairs.values() for k in ("preferred", "fallback")}
         for abi in [a for a in target.abis if built(project, model, target, a)]:
             backend, prefix = backend_of(abi), f"{model.name}:{abi.name}"
+            if abi.name in paired:  # its attempt record: the artifact may not be built
+                inputs[f"{prefix}:attempt"] = attempt_file(layout, target.name, model.name,
+                                                           abi.name, "validate")
+                continue
             _artifact_inputs(inputs, prefix,
                              layout.artifact_stage(target.name, model.name, abi.name, backend.compile_stage),
                              layout.artifact_stage(target.name, model.name, abi.name, "validate"),
@@ -300,7 +344,8 @@ def manifest_step(project, target) -> Step:
                           skipped={a.name: m.skip_reason(a.name) or not_needed(project, m, target, a)
                                    for a in target.abis
                                    if m.skip_reason(a.name) or not_needed(project, m, target, a)},
-                          abis=tuple(a.name for a in target.abis if built(project, m, target, a)))
+                          abis=tuple(a.name for a in target.abis if built(project, m, target, a)),
+                          fallbacks=_pairs(project, m, target) or None)
                for m in models]
     entries += [v for m in models for v in _variant_models(layout, m, target)]
     target_entry = TargetEntry(
@@ -314,6 +359,12 @@ def manifest_step(project, target) -> Step:
                 action=run, layout=layout, owns_dir=False,
                 doc=f"artifacts/{target.name}/manifest.json: every validated artifact with its sha256",
                 where={"target": target.name})
+
+
+def _pairs(project, model, target) -> dict:
+    """slot -> {preferred, fallback, why} of the target's slots with a fallback for the model."""
+    pairs = {s["name"]: fallback_pair(project, model, target, s) for s in target.ship}
+    return {k: v for k, v in pairs.items() if v}
 
 
 def _variant_inputs(layout, model, target) -> dict:
@@ -364,3 +415,14 @@ def _variant_fields(ctx, cfg: ModelEntry, entry: dict) -> None:
         art["precision"] = cfg.precision
         validation = json.loads(ctx.input(f"{name}:{abi}:validation.json").read_text())
         art["validation"]["vs_fp32"] = validation["vs_fp32"]
+        art["pays"] = not_timed(cfg.precision, ctx.cfg.target.name)
+
+
+def not_timed(precision: str, target: str) -> dict:
+    """Whether a variant's artifact is faster than its fp32 build: not known to the build, which
+    times no precision variant (its search ranks fp32 configs, a fastest-on-host choice fp32
+    candidates); said rather than guessed."""
+    return {"measured": False,
+            "why": f"the build times no {precision} artifact (its search and choice time fp32 "
+                   f"builds only): `doit bench target={target}` times it beside its fp32 build "
+                   f"and says whether it pays (bench.json variants: pays, verdict)"}

@@ -3,6 +3,11 @@ are tried in order when iree-compile fails with its own flags; compile.json and 
 which flags the artifact was built with and why; when every attempt fails, the error shows
 IREE's own diagnostics, not an IR dump.
 
+The fallback *compiler* (compilers/builds.py fallback_pair, graph/fallback.py): when every
+attempt of IREE fails, the slot's TVM build, left out while IREE works (an untuned build that
+cannot win; `build: shipped` on rk3588 alike), is built, validated and ships, and the choice says
+why, with IREE's stage and error class; `doit build` succeeds. The last test.
+
 The failure is real: IREE 3.13's `iree-preprocessing-pad-linalg-ops{pad-size=0}` breaks the
 tiny model's Gemm ("specified type 'tensor<-2147483648x...'"). The i1 data-tiling failure of the
 issue did not reproduce on IREE 3.13 with tiny bool-input models (Where, Cast+MatMul, masked
@@ -14,7 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import add_tiny_model, require, sha256
+from conftest import add_tiny_model, ran, require, sha256
 from pipeline.compilers.iree_compiler import find_compiler, import_argv
 from pipeline.spec.target import load_target
 
@@ -153,3 +158,86 @@ abis:
     subprocess.run([find_compiler(), "model.mlir", *shipped["flags"], "-o", "once.vmfb"], cwd=once,
                    check=True, capture_output=True)
     assert sha256(once / "once.vmfb") == sha256(root / "iree_compile/model.vmfb")
+
+
+def two_compilers(folder, iree_flags: list[str]):
+    """The host's CPU slot: IREE preferred, TVM beside it (left out untuned: cannot_win)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "host.yaml").write_text(f"""description: x86_64 host, IREE preferred, TVM its fallback
+abis:
+  cpu-x86_64:
+    compiler: iree
+    backend: llvm-cpu
+    arch: x86_64
+    cpu: x86-64-v3
+    flags: {json.dumps(iree_flags)}
+    run: {{via: python}}
+  cpu-x86_64-tvm:
+    compiler: tvm
+    arch: x86_64
+    cpu: x86-64-v3
+    num_cores: 2
+    run: {{via: python}}
+ship:
+  cpu: {{abis: [cpu-x86_64, cpu-x86_64-tvm], policy: prefer}}
+""")
+    return folder
+
+
+def test_iree_failing_ships_tvm_its_fallback_and_the_choice_says_why(workspace):
+    """IREE's compile fails on every attempt (BREAKS: IREE 3.13's pad-linalg-ops with pad-size 0
+    breaks the tiny model's Gemm, deterministically; no `fallbacks:` flag set to retry with): the
+    build still succeeds, shipping TVM's validated artifact; IREE's failure is printed as its
+    paragraph and recorded (stage, error class) in the choice and the manifest, and leaves no
+    artifact. A rebuild tries IREE again and does not rebuild TVM. Once IREE builds again (the
+    flag gone), IREE ships and TVM's artifact is removed (nothing stale)."""
+    add_tiny_model(workspace.models, "tiny", dynamic_batch=False)
+    targets = two_compilers(workspace.root / "targets", [BREAKS])
+    args = ("target=host", f"targets={targets}", "untuned=0")  # conftest sets untuned=1
+    result = workspace.build(*args)
+    err = result.stdout + result.stderr
+    assert "[model=tiny target=host/cpu-x86_64 stage=iree_compile] iree-compile failed" in err
+    assert "error: specified type 'tensor<-2147483648x-2147483648xf32>'" in err
+    assert "fallback: cpu-x86_64-tvm is built and validated instead" in err
+    assert ("building cpu-x86_64-tvm, the fallback of cpu-x86_64, which failed (compile-error "
+            "in iree_compile)") in err
+    root = workspace.artifacts / "host/tiny"
+    assert not (root / "cpu-x86_64/iree_compile").exists()  # a failed step leaves no artifact
+    assert not (root / "cpu-x86_64/validate").exists()
+    assert (root / "cpu-x86_64-tvm/tvm_compile/model.so").is_file()
+    manifest = json.loads((workspace.artifacts / "host/manifest.json").read_text())
+    entry = manifest["models"]["tiny"]
+    assert sorted(entry["artifacts"]) == ["cpu-x86_64-tvm"]
+    assert entry["artifacts"]["cpu-x86_64-tvm"]["validation"]["status"] == "passed"
+    failed = entry["failed"]["cpu-x86_64"]
+    assert (failed["stage"], failed["error_class"]) == ("iree_compile", "compile-error")
+    assert "specified type 'tensor<-2147483648x" in failed["what"]
+    choice = entry["choice"]["cpu"]
+    assert (choice["ships"], choice["policy"]) == ("cpu-x86_64-tvm", "fallback")
+    assert choice["reason"].startswith("fallback: cpu-x86_64 failed (compile-error in "
+                                       "iree_compile: iree-compile failed (exit code 1)")
+    assert choice["reason"].endswith("cpu-x86_64-tvm, the slot's fallback, was built and "
+                                     "validated and ships")
+    assert choice["failed"]["cpu-x86_64"] == {k: failed[k] for k in ("stage", "error_class", "what")}
+    assert sorted(choice["candidates"]) == ["cpu-x86_64-tvm"]
+    assert manifest["coverage"]["tiny"]["shipped"] == ["cpu-x86_64-tvm"]
+
+    again = workspace.build(*args)  # IREE is tried again (a failure is never cached); TVM is not rebuilt
+    assert "stage=iree_compile] iree-compile failed" in again.stdout + again.stderr
+    assert "iree_compile:host/tiny/cpu-x86_64" in ran(again)
+    assert "tvm_compile:host/tiny/cpu-x86_64-tvm" not in ran(again)
+    same = json.loads((workspace.artifacts / "host/manifest.json").read_text())["models"]["tiny"]
+    assert (same["choice"], same["failed"]) == (entry["choice"], entry["failed"])
+    assert same["artifacts"]["cpu-x86_64-tvm"]["sha256"] == entry["artifacts"]["cpu-x86_64-tvm"]["sha256"]
+
+    two_compilers(targets, [])  # IREE builds again: it ships, TVM is not needed
+    fixed = workspace.build(*args)
+    assert "fallback" not in fixed.stdout + fixed.stderr
+    assert not (root / "cpu-x86_64-tvm/tvm_compile").exists()
+    entry = json.loads((workspace.artifacts / "host/manifest.json").read_text())["models"]["tiny"]
+    assert sorted(entry["artifacts"]) == ["cpu-x86_64"] and "failed" not in entry
+    assert "built when cpu-x86_64 fails" in entry["skipped"]["cpu-x86_64-tvm"]
+    choice = entry["choice"]["cpu"]
+    assert (choice["ships"], choice["policy"]) == ("cpu-x86_64", "prefer")
+    assert choice["reason"].startswith("the only candidate (cpu-x86_64-tvm skipped: not built: "
+                                       "an untuned TVM build cannot win")

@@ -1,7 +1,11 @@
 """A slot with `build: shipped` builds only the ABI that ships when that is known before building
 (pipeline/compilers/builds.py `not_needed`): rk3588's TVM CPU build is not made for a model whose IREE
 build ships by policy prefer, and the manifest and the choice say why; a model that IREE cannot
-take, an explicit choice, a tuning budget, or `build: all` builds it as before."""
+take, an explicit choice, a tuning budget, or `build: all` builds it as before.
+
+TVM is still the slot's *fallback* (builds.fallback_pair): its steps are in the graph, gated
+(graph/fallback.py), and build only when IREE's compile or validation fails; choose and
+manifest read both candidates' attempt records. tests/e2e/test_fallback.py builds it."""
 from __future__ import annotations
 
 import dataclasses
@@ -63,14 +67,62 @@ def choice_slot(proj):
     return choose.cfg.slots[0]
 
 
-def test_build_shipped_builds_only_irees_cpu_artifact(tmp_path):
+def gated(proj) -> dict:
+    """doit task name -> its gate's role, for ppocr_cls's gated steps (the preferred's and the
+    fallback's compile and validate)."""
+    out = {}
+    for stage in ("iree_compile", "tvm_compile", "validate"):
+        for s in proj.steps(stage):
+            if s.gate is not None and s.name.startswith("rk3588/ppocr_cls/"):
+                out[f"{stage}:{s.name}"] = s.gate.role
+    return out
+
+
+def test_build_shipped_builds_irees_cpu_artifact_and_tvm_only_as_its_fallback(tmp_path):
     proj = project(tmp_path)
-    assert tvm_steps(proj) == set()
-    why = skipped_in_manifest(proj)[TVM_ABI]
+    assert tvm_steps(proj) == {"rk3588/ppocr_cls/cpu-aarch64-tvm"}  # in the graph, gated
+    assert gated(proj) == {"iree_compile:rk3588/ppocr_cls/cpu-aarch64": "preferred",
+                           "validate:rk3588/ppocr_cls/cpu-aarch64": "preferred",
+                           "tvm_compile:rk3588/ppocr_cls/cpu-aarch64-tvm": "fallback",
+                           "validate:rk3588/ppocr_cls/cpu-aarch64-tvm": "fallback"}
+    assert TVM_ABI not in skipped_in_manifest(proj)  # decided by the attempts, when the manifest runs
+    (manifest,) = proj.steps("manifest")
+    entry = next(m for m in manifest.cfg.models if m.name == "ppocr_cls")
+    why = entry.fallbacks["cpu"]["why"]
     assert why.startswith("not built: cpu-aarch64 ships (slot cpu: policy prefer)") and "build: all" in why
+    assert "built when cpu-aarch64 is skipped for the model or fails" in why
+    assert entry.fallbacks["cpu"]["preferred"] == "cpu-aarch64"
+    assert not any(k.startswith("ppocr_cls:cpu-aarch64") and not k.endswith(":attempt")
+                   for k in manifest.inputs)  # neither candidate's files: they may not exist
     slot = choice_slot(proj)
-    assert slot.candidates == ("cpu-aarch64",) and slot.skipped[TVM_ABI] == why
+    assert slot.candidates == ("cpu-aarch64",) and TVM_ABI not in slot.skipped
+    assert slot.fallback == {"preferred": "cpu-aarch64", "fallback": TVM_ABI, "why": why}
     assert "rk3588/ppocr_cls/cpu-aarch64" in {s.name for s in proj.steps("validate")}
+
+
+def test_the_gated_tasks_wait_on_attempt_records_not_on_artifacts(tmp_path):
+    """The doit tasks of the pair: the fallback's compile waits on the preferred's validation
+    attempt; a validation waits on its compile's attempt instead of its artifact (which a failed
+    or unneeded compile does not make); the fallback's targets are its attempt alone (its
+    artifact is not made when not needed, and a no-op build must find it up to date); the steps'
+    keys are unchanged (their configs and inputs are the ungated steps')."""
+    from pipeline.core.steps import doit_task
+    proj = project(tmp_path)
+    root = proj.layout.target_dir("rk3588") / "ppocr_cls"
+    steps = {f"{st}:{s.name}": s for st in ("iree_compile", "tvm_compile", "validate")
+             for s in proj.steps(st) if s.name.startswith("rk3588/ppocr_cls/")}
+    spare = doit_task(steps[f"tvm_compile:rk3588/ppocr_cls/{TVM_ABI}"])
+    assert str(root / "cpu-aarch64/validate.attempt.json") in spare["file_dep"]
+    assert spare["targets"] == [str(root / TVM_ABI / "tvm_compile.attempt.json")]
+    check = doit_task(steps[f"validate:rk3588/ppocr_cls/{TVM_ABI}"])
+    assert str(root / TVM_ABI / "tvm_compile.attempt.json") in check["file_dep"]
+    assert not any("/tvm_compile/" in d for d in check["file_dep"])
+    mine = doit_task(steps["validate:rk3588/ppocr_cls/cpu-aarch64"])
+    assert str(root / "cpu-aarch64/iree_compile.attempt.json") in mine["file_dep"]
+    assert str(root / "cpu-aarch64/validate/validation.json") in mine["targets"]
+    plain = dataclasses.replace(steps["validate:rk3588/ppocr_cls/cpu-aarch64"], gate=None)
+    assert doit_task(plain)["uptodate"][0]._calc_digest() == mine["uptodate"][0]._calc_digest()
+    assert root / "cpu-aarch64/iree_compile/model.vmfb" in plain.inputs.values()
 
 
 def test_build_all_and_the_default_build_every_candidate(tmp_path):
@@ -79,12 +131,14 @@ def test_build_all_and_the_default_build_every_candidate(tmp_path):
         assert tvm_steps(proj) == {"rk3588/ppocr_cls/cpu-aarch64-tvm"}, build
         assert TVM_ABI not in skipped_in_manifest(proj)
         assert choice_slot(proj).candidates == ("cpu-aarch64", TVM_ABI)
+        assert gated(proj) == {}  # both built: no fallback
 
 
 def test_when_iree_cannot_take_the_model_tvm_is_built(tmp_path):
     proj = project(tmp_path, iree_skipped=True)
     assert tvm_steps(proj) == {"rk3588/ppocr_cls/cpu-aarch64-tvm"}
     assert choice_slot(proj).candidates == (TVM_ABI,)
+    assert gated(proj) == {} and choice_slot(proj).fallback is None  # built, not a fallback
 
 
 def test_an_explicit_choice_builds_only_the_chosen(tmp_path):
@@ -94,9 +148,20 @@ def test_an_explicit_choice_builds_only_the_chosen(tmp_path):
     why = skipped_in_manifest(proj)["cpu-aarch64"]
     assert "the model's spec ships cpu-aarch64-tvm" in why
     assert "rk3588/ppocr_cls/cpu-aarch64" not in {s.name for s in proj.steps("iree_compile")}
+    assert gated(proj) == {}  # the user's choice fails as it is
 
 
 def test_a_tuning_budget_keeps_tvm_built(tmp_path):
     proj = project(tmp_path, spec_edit=lambda d: d.setdefault("tvm", {}).setdefault(
         "tune", {}).update({"rk3588": {"trials": 8}}))
     assert "rk3588/ppocr_cls/cpu-aarch64-tvm" in tvm_steps(proj)
+
+
+def test_an_untuned_tvm_that_cannot_win_is_the_fallback_too(tmp_path):
+    """`build: all` with no tuning budget: TVM is left out because it cannot win
+    (builds.cannot_win), and is still the fallback of IREE's build."""
+    proj = dataclasses.replace(project(tmp_path, slot_build="all"), untuned=False)  # conftest: 1
+    assert tvm_steps(proj) == {"rk3588/ppocr_cls/cpu-aarch64-tvm"}
+    assert gated(proj)[f"tvm_compile:rk3588/ppocr_cls/{TVM_ABI}"] == "fallback"
+    why = choice_slot(proj).fallback["why"]
+    assert why.startswith("not built: an untuned TVM build cannot win") and "built when cpu-aarch64 fails" in why
