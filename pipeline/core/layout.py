@@ -28,6 +28,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +164,15 @@ def golden_files(layout: Layout, model) -> dict:
     for name in outputs_for(len(model.inputs), n_out)[1:]:
         files[f"golden:{name}"] = folder / name
     return files
+
+
+def read_golden(ctx):
+    """(golden doc, input arrays, output arrays) from a step whose inputs include golden_files."""
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    doc = json.loads(ctx.input("golden.json").read_text())
+    ins = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["inputs"]]
+    outs = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["outputs"]]
+    return doc, ins, outs
 
 
 def coverage_file(layout: Layout, target_name: str, model_name: str) -> Path:

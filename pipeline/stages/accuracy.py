@@ -36,9 +36,9 @@ from ..core.layout import static_model
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
 from ..run.ort import reduced_session, session, variant_feeds
+from ..spec.samples import Samples, dataset_summary, load_data, sample_inputs_problems
 from ..spec.variants import (IO_DTYPES, PRECISIONS, full_name, variant_inputs, variant_preprocessing,
                              variant_tools)
-from .quantize import Samples, _dataset, load_data, sample_inputs_problems
 
 VERSION = 1
 OUTPUTS = ("accuracy.json", "divergence.json", "accuracy.txt")
@@ -365,7 +365,7 @@ def run(ctx) -> None:
     names = [o.name for o in ref.get_outputs()]
     rows = gate_metrics(pairs, names, files)
     failures = gate_failures(rows, cfg.gate)
-    evaluation = _dataset(ctx, "evaluation", cfg.evaluation)
+    evaluation = dataset_summary(ctx, "evaluation", cfg.evaluation)
     acc = {"precision": cfg.precision, "gate": cfg.gate, "passed": not failures,
            "failures": failures, "evaluation": {**evaluation, "samples": len(samples)},
            "outputs": rows,

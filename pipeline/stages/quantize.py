@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from ..core.layout import static_model
 from ..core.steps import StageConfig, Step, key_value
-from ..core.store import canonical_json, pretty_json, sha256_file, sha256_text
-from ..spec.calibration import Preprocessing, SampleError, load_sample
+from ..core.store import pretty_json
+from ..spec.samples import Samples, dataset_summary, load_data, sample_inputs_problems
 from ..spec.variants import (IO_DTYPES, METHODS, PRECISIONS, full_name, variant_inputs,
                              variant_preprocessing, variant_tools)
 
@@ -37,28 +37,6 @@ _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"
 _CALIBRATOR_OPTIONS = {"minmax": {}, "entropy": {"num_bins": 2048, "num_quantized_bins": 128},
                        "percentile": {"num_bins": 2048}}
 INT8_SCHEME = {"format": "QDQ", "activations": "int8", "weights": "int8"}  # what int8 means here
-SAMPLE_KINDS = ("image", "npy", "npz")
-
-
-@dataclass(frozen=True)
-class Samples(StageConfig):
-    """A data set (calibration, evaluation) as step configs hold it: the files are step inputs."""
-    kind: str                       # image | npy | npz
-    files: tuple[str, ...]          # the samples' file names, in order
-
-    def problems(self):
-        if self.kind not in SAMPLE_KINDS:
-            yield f"kind must be one of {', '.join(SAMPLE_KINDS)}, got {self.kind!r}"
-
-
-def sample_inputs_problems(inputs: tuple, preprocessing: dict):
-    """The rules of the inputs and preprocessing the variant stages turn samples into feeds with."""
-    if not inputs or any(set(i) != {"name", "shape", "dtype"} for i in inputs):
-        yield "inputs must list each model input as {name, shape, dtype}"
-    names = {i.get("name") for i in inputs}
-    unknown = sorted(set(preprocessing) - names)
-    if unknown:
-        yield f"preprocessing names inputs the model does not have: {', '.join(unknown)}"
 
 
 @dataclass(frozen=True)
@@ -142,24 +120,6 @@ def _quiet(log):
         logging.disable(previous)
         with open(log, "a") as f:
             f.write(out.getvalue())
-
-
-def load_data(ctx, kind_key: str, data: Samples) -> list[dict]:
-    """The data set's samples as model inputs (the step's inputs `<kind_key>:<file>`, turned into
-    feeds by its config's inputs and preprocessing); a bad sample is an error naming its file."""
-    pre = {k: Preprocessing.from_dict(v) for k, v in ctx.cfg.preprocessing.items()}
-    samples = []
-    for name in data.files:
-        try:
-            samples.append(load_sample(ctx.input(f"{kind_key}:{name}"), data.kind,
-                                       list(ctx.cfg.inputs), pre))
-        except SampleError as exc:
-            raise ctx.error(f"{kind_key} sample {exc}",
-                            hint=f"fix or remove that file from the {kind_key} folder (every "
-                                 f"sample must become the model's input: see `preprocessing:`)")
-    if not samples:
-        raise ctx.error(f"the {kind_key} set is empty", hint="add samples to its folder")
-    return samples
 
 
 def _check_nodes(ctx, model, names: list[str]) -> None:
@@ -299,17 +259,11 @@ def run(ctx) -> None:
     summary = {"precision": cfg.precision, "exclude_nodes": list(cfg.exclude_nodes), **detail}
     if cfg.precision == "int8":
         summary.update(INT8_SCHEME)
-        summary["calibration"] = {**summary["calibration"], **_dataset(ctx, "calibration", cfg.calibration)}
+        summary["calibration"] = {**summary["calibration"], **dataset_summary(ctx, "calibration", cfg.calibration)}
     report = {"summary": summary, "ops": dict(sorted(ops.items())),
               "opset": max(o.version for o in reduced.opset_import if o.domain in ("", "ai.onnx")),
               "nodes": len(reduced.graph.node)}
     ctx.output("quantize.json").write_text(pretty_json(report))
-
-
-def _dataset(ctx, key: str, data: Samples) -> dict:
-    """A data set as reports name it: its files with their sha256, and one sha256 over them all."""
-    files = [[n, sha256_file(ctx.input(f"{key}:{n}"))] for n in data.files]
-    return {"kind": data.kind, "files": len(files), "sha256": sha256_text(canonical_json(files))}
 
 
 def _quantized_nodes(model) -> set[str]:

@@ -54,8 +54,8 @@ from ..core.store import canonical_json, pretty_json, sha256_file, sha256_text
 from ..core.tools import Budget, describe_exit, rknn_toolkit, run_tool, step_budget, tail
 from ..run import rknn_analysis, rknn_driver  # the child's sources: imported to count in the key
 from ..spec.npu import NPU_PRECISIONS
+from ..spec.samples import Samples, load_data
 from ..spec.variants import full_name, variant_inputs, variant_model, variant_preprocessing
-from .quantize import Samples, load_data
 
 VERSION = 1
 TOOLS = ("rknn-toolkit2",)

@@ -19,14 +19,13 @@ from pathlib import Path
 from ..compilers.backend import ENTRY
 from ..compilers.backends import BY_NAME, backend_named, backend_of
 from ..compilers.builds import built, proxy_pairs, skipped, variant_abis, variant_skip_reason
-from ..core.layout import golden_files
+from ..core.layout import golden_files, read_golden
 from ..core.numerics import EPS, compare, describe_failures, summary, tolerance_problems
 from ..core.steps import StageConfig, Step, abi_step_name, alone, key_value, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import run_tool
 from ..run import shader_packs
 from ..spec.variants import PRECISIONS, variant_model
-from . import golden
 
 VERSION = 1
 OUTPUTS = ("validation.json",)
@@ -96,7 +95,7 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     run fails or the outputs are beyond the tolerance."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
 
-    doc, _, expected = golden.load(ctx)
+    doc, _, expected = read_golden(ctx)
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
