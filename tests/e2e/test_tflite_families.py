@@ -360,3 +360,35 @@ def test_streaming_models_build_and_carry_state_through_the_shipped_artifact(wor
     (art,) = rows.values()
     assert all(r["integer_steps"] == 4 and r["integer_steps_from"] == "max_abs"
                for r in art["validation"]["outputs"])
+
+
+def test_a_variable_only_read_is_a_constant_and_one_only_assigned_is_dropped(tmp_path):
+    """`offset` is read and never assigned: its initial value becomes a constant, no state;
+    `dead` is assigned and never read: nothing observes it, dropped; both recorded. The signature
+    and the rewrite agree (only `frames` is state) and LiteRT agrees over 3 calls."""
+    g = fam_state.StatefulGraph()
+    g.initialise("frames", np.zeros((1, fam_state.KEEP, fam_state.FRAME), np.float32))
+    g.initialise("offset", np.full((1, fam_state.KEEP, fam_state.FRAME), 0.75, np.float32))
+    g.initialise("dead", np.zeros((1, fam_state.KEEP, fam_state.FRAME), np.float32))
+    x = g.tensor("frame", [1, 1, fam_state.FRAME])
+    prev = g.read("frames", [1, fam_state.KEEP, fam_state.FRAME])
+    _, kept = fam_state._window(g, x, prev)
+    g.assign("frames", kept)
+    g.assign("dead", kept)
+    offset = g.read("offset", [1, fam_state.KEEP, fam_state.FRAME])
+    y = g.tensor("shifted", [1, fam_state.KEEP, fam_state.FRAME])
+    g.op(fam._op("ADD"), [kept, offset], [y], g.options("AddOptions"), "AddOptions")
+    data = g.finish([x], [y])
+    explicit, record = tflite_state.explicit_state(data)
+    record = tflite_state.check(data, explicit, record)
+    by_var = {v["variable"]: v for v in record["variables"]}
+    assert by_var["offset"]["constant"].startswith("read, never assigned")
+    assert by_var["dead"]["dropped"].startswith("assigned, never read")
+    assert by_var["frames"]["output"] == "frames_out"
+    source = tmp_path / "mixed.tflite"
+    source.write_bytes(data)
+    assert read_signature(source)["state"] == [{"variable": "frames", "input": "frames",
+                                                "output": "frames_out"}]
+    details = tflite_state._interpreter(explicit)
+    assert [d["name"] for d in details.get_input_details()] == ["frame", "frames"]
+    assert [d["name"] for d in details.get_output_details()] == ["shifted", "frames_out"]
