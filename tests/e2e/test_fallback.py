@@ -241,3 +241,35 @@ def test_iree_failing_ships_tvm_its_fallback_and_the_choice_says_why(workspace):
     assert (choice["ships"], choice["policy"]) == ("cpu-x86_64", "prefer")
     assert choice["reason"].startswith("the only candidate (cpu-x86_64-tvm skipped: not built: "
                                        "an untuned TVM build cannot win")
+    assert not (root / "cpu-x86_64-tvm/validate").exists()
+    attempt = json.loads((root / "cpu-x86_64-tvm/tvm_compile.attempt.json").read_text())
+    assert attempt == {"status": "not-needed", "because": "cpu-x86_64 compiled and validated"}
+    quiet = workspace.build(*args)  # the gated tasks are up to date: a no-op build runs nothing
+    assert ran(quiet) == [], quiet.stdout
+
+
+# bf16 inputs to every contraction (the tiny model's Conv and Gemm): IREE builds and runs it, and
+# its outputs miss the model's fp32 tolerance (max_abs 1e-4) by orders of magnitude
+BF16 = ["--iree-global-opt-demote-contraction-inputs-type=bf16",
+        "--iree-global-opt-demote-contraction-inputs-operations=all"]
+
+
+def test_iree_outputs_beyond_the_tolerance_ship_tvm_its_fallback(workspace):
+    """The preferred compiles but fails its validation (wrong outputs): the fallback is built and
+    validated and ships; the error class says the outputs were wrong; no validation of IREE's
+    artifact is left behind."""
+    add_tiny_model(workspace.models, "tiny", dynamic_batch=False)
+    targets = two_compilers(workspace.root / "targets", BF16)
+    result = workspace.build("target=host", f"targets={targets}", "untuned=0")
+    err = result.stdout + result.stderr
+    assert "[model=tiny target=host/cpu-x86_64 stage=validate] outputs differ from golden" in err
+    root = workspace.artifacts / "host/tiny"
+    assert not (root / "cpu-x86_64/validate").exists()
+    entry = json.loads((workspace.artifacts / "host/manifest.json").read_text())["models"]["tiny"]
+    assert sorted(entry["artifacts"]) == ["cpu-x86_64-tvm"]
+    failed = entry["failed"]["cpu-x86_64"]
+    assert (failed["stage"], failed["error_class"]) == ("validate", "wrong-outputs")
+    choice = entry["choice"]["cpu"]
+    assert (choice["ships"], choice["policy"]) == ("cpu-x86_64-tvm", "fallback")
+    assert choice["reason"].startswith("fallback: cpu-x86_64 failed (wrong-outputs in validate: "
+                                       "outputs differ from golden")

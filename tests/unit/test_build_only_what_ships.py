@@ -165,3 +165,14 @@ def test_an_untuned_tvm_that_cannot_win_is_the_fallback_too(tmp_path):
     assert gated(proj)[f"tvm_compile:rk3588/ppocr_cls/{TVM_ABI}"] == "fallback"
     why = choice_slot(proj).fallback["why"]
     assert why.startswith("not built: an untuned TVM build cannot win") and "built when cpu-aarch64 fails" in why
+
+
+def test_a_variant_says_the_build_did_not_time_it():
+    """Whether an int8 artifact pays (is faster than its fp32 build) is measured by `doit bench`
+    (bench.json: pays, verdict); the build times no precision variant, and its manifest says so
+    instead of a figure (stages/manifest.py not_timed)."""
+    from pipeline.stages.manifest import not_timed
+    said = not_timed("int8", "rk3588")
+    assert said["measured"] is False and set(said) == {"measured", "why"}
+    assert "the build times no int8 artifact" in said["why"]
+    assert "`doit bench target=rk3588` times it beside its fp32 build" in said["why"]
