@@ -132,6 +132,14 @@ def read_attempt(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def attempt_status(path: Path) -> str | None:
+    """An attempt record's status (passed | failed | not-needed), None while there is none."""
+    try:
+        return read_attempt(path)["status"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def cannot_win(project, model, target, abi) -> str | None:
     """An ABI of a backend that needs tuning (TVM: untuned CPU code ran 12-80x onnxruntime,
     ../shared/TOOLCHAIN.md) with no tuning budget or pinned database for the target, in a slot

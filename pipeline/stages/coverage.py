@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..compilers import tvm_ops
 from ..compilers.backends import BACKENDS, backend_named
-from ..compilers.builds import proxy_pairs
+from ..compilers.builds import attempt_status, proxy_pairs
 from ..compilers.iree_backend import IREE
 from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
 from ..compilers.tvm_backend import TVM
@@ -496,6 +496,8 @@ def disk_table(project, stage_names: list[str], target) -> dict:
         steps = [(stage, step) for stage, step in mine if ours(stage, step)]
         stopped, built, shipped, fallbacks = None, True, [], {}
         for stage, step in steps:
+            if step.gate is not None and attempt_status(step.gate.attempt) in ("not-needed", "failed"):
+                continue  # a slot's fallback not needed, or a preferred that failed: its fallback says
             state = _state(step)
             if state == "failed" and stopped is None:
                 stopped = {"stage": stage, "step": f"{stage}:{step.name}", "why": _why(step)}

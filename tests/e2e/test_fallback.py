@@ -184,7 +184,13 @@ ship:
     return folder
 
 
-def test_iree_failing_ships_tvm_its_fallback_and_the_choice_says_why(workspace):
+def coverage_row(workspace, targets) -> list[str]:
+    report = workspace.doit("coverage", "target=host", f"targets={targets}")
+    assert report.returncode == 0, report.stdout + report.stderr
+    return next(l for l in report.stdout.splitlines() if l.startswith("  tiny ")).split()
+
+
+def test_iree_failing_ships_tvm_its_fallback_and_the_choice_says_why(workspace, monkeypatch):
     """IREE's compile fails on every attempt (BREAKS: IREE 3.13's pad-linalg-ops with pad-size 0
     breaks the tiny model's Gemm, deterministically; no `fallbacks:` flag set to retry with): the
     build still succeeds, shipping TVM's validated artifact; IREE's failure is printed as its
@@ -194,6 +200,7 @@ def test_iree_failing_ships_tvm_its_fallback_and_the_choice_says_why(workspace):
     add_tiny_model(workspace.models, "tiny", dynamic_batch=False)
     targets = two_compilers(workspace.root / "targets", [BREAKS])
     args = ("target=host", f"targets={targets}", "untuned=0")  # conftest sets untuned=1
+    monkeypatch.setenv("MODELYARD_UNTUNED", "0")  # ... for `doit coverage` too
     result = workspace.build(*args)
     err = result.stdout + result.stderr
     assert "[model=tiny target=host/cpu-x86_64 stage=iree_compile] iree-compile failed" in err
@@ -221,6 +228,7 @@ def test_iree_failing_ships_tvm_its_fallback_and_the_choice_says_why(workspace):
     assert choice["failed"]["cpu-x86_64"] == {k: failed[k] for k in ("stage", "error_class", "what")}
     assert sorted(choice["candidates"]) == ["cpu-x86_64-tvm"]
     assert manifest["coverage"]["tiny"]["shipped"] == ["cpu-x86_64-tvm"]
+    assert coverage_row(workspace, targets)[:4] == ["tiny", "shipped", "cpu-x86_64-tvm", "-"]
 
     again = workspace.build(*args)  # IREE is tried again (a failure is never cached); TVM is not rebuilt
     assert "stage=iree_compile] iree-compile failed" in again.stdout + again.stderr
@@ -246,6 +254,7 @@ def test_iree_failing_ships_tvm_its_fallback_and_the_choice_says_why(workspace):
     assert attempt == {"status": "not-needed", "because": "cpu-x86_64 compiled and validated"}
     quiet = workspace.build(*args)  # the gated tasks are up to date: a no-op build runs nothing
     assert ran(quiet) == [], quiet.stdout
+    assert coverage_row(workspace, targets)[:4] == ["tiny", "shipped", "cpu-x86_64", "-"]
 
 
 # bf16 inputs to every contraction (the tiny model's Conv and Gemm): IREE builds and runs it, and
