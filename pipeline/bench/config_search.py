@@ -52,6 +52,7 @@ import yaml
 from ..compilers.builds import built, built_abis
 from ..compilers.iree_backend import IREE
 from ..compilers.tvm_backend import TVM
+from ..core import codehash
 from ..core.errors import PipelineError
 from ..core.layout import REPO, Layout, golden_files, static_model
 from ..core.numerics import worst_cosine
@@ -635,8 +636,10 @@ def _in_build(plan_path: str) -> int:
         raise SystemExit(f"no model {cfg['model']!r} in {plan['spec']}: {'; '.join(problems)}")
     target = load_target(cfg["target"], Path(plan["targets"]))
     abi = next(a for a in target.abis if a.name == cfg["abi"])
-    ranking = search_in_build(layout, model, target, abi, cfg,
-                              say=lambda line: print(line, flush=True))
+    # the search_configs step's key holds these backends: asking for another is refused
+    with codehash.running("pipeline.bench.config_search", plan["uses"], plan["where"]):
+        ranking = search_in_build(layout, model, target, abi, cfg,
+                                  say=lambda line: print(line, flush=True))
     atomic_write_text(Path(plan["output"]), json.dumps(ranking, indent=1, sort_keys=True) + "\n")
     print(f"{PROGRESS}ranking: {', '.join(ranking['ranking']) or 'nothing validated'}; not tried: "
           f"{', '.join(ranking['not_tried']) or 'none'}", flush=True)

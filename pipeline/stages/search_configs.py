@@ -36,6 +36,9 @@ from ..spec.target import DEFAULT_CONFIG
 VERSION = 1
 OUTPUTS = ("ranking.json",)
 CHILD = "pipeline.bench.config_search"   # runs the search (it may import the stages it uses)
+# The backends the child asks the registry for: its code digest holds them (and no other), and
+# the child runs under that claim (codehash.running: asking for another is refused).
+CHILD_USES = {"compiler": IREE.name}
 WINDOW = {"warmup": 2, "rounds": 40, "seconds": 15.0}  # the timing at the end, within the budget
 # The declared configs, most likely to pay first: ordered by the geometric mean of p50 / the
 # default's p50 over the four searched default models (models/*/configs/host.yaml, December 2026:
@@ -105,7 +108,8 @@ def run(ctx) -> None:
     plan.write_text(json.dumps({
         "artifacts": str(ctx.step.layout.root), "spec": str(ctx.input("spec")),
         "targets": str(ctx.input("target").parent), "config": cfg.as_key(),
-        "output": str(ctx.output("ranking.json"))}))
+        "output": str(ctx.output("ranking.json")), "uses": CHILD_USES,
+        "where": dict(stage=ctx.step.stage, **ctx.step.where)}))
     run_tool(python_module_argv(CHILD, "--in-build", str(plan)), log=ctx.log,
              what="searching the configs", timeout=cfg.budget_s * 2 + 900,
              hint="read the log: a candidate that fails is recorded, not raised; a crash here is "
@@ -136,7 +140,7 @@ def search_step(project, model, target, abi, after: bool = True) -> Step:
     layout = project.layout
     cfg = Config(target=target.name, model=model.name, abi=abi.name,
                  budget_s=budget_of(project), candidates=tuple(ordered(abi)), window=dict(WINDOW),
-                 code=code_digest(CHILD))
+                 code=code_digest(CHILD, CHILD_USES))
     return Step(stage=SEARCH_STAGE, name=abi_step_name(model, target, abi), version=VERSION,
                 config=cfg,
                 inputs={"model": static_model(layout, model), **golden_files(layout, model),

@@ -190,3 +190,13 @@ def test_editing_quantize_reruns_no_validation_compile_or_import(matrix):
     stray = sorted(k for k in changed if k[0] in PER_ABI | {"import", "accuracy"})
     assert not stray, stray
 
+
+
+def test_the_search_childs_digest_holds_iree_and_what_it_imports_not_rknn():
+    """search_configs' config holds its child's digest (bench/config_search.py): the child asks
+    the registry for IREE only (CHILD_USES, enforced in the child), so an RKNN edit re-runs no
+    host search step."""
+    from pipeline.stages import search_configs
+    mods = codehash.code_modules(search_configs.CHILD, codehash.words(search_configs.CHILD_USES))
+    assert "pipeline.compilers.iree_backend" in mods and "pipeline.run.iree_run" in mods
+    assert not {m for m in mods if "rknn" in m}
