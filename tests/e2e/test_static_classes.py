@@ -5,8 +5,8 @@ chains onnx's own inference leaves unshaped.
 
 The contract, as for the fold families: the static model gives what onnxruntime gives on the
 ORIGINAL graph, every shape static, no Loop left; static.json says what was done and why. A
-few cases go through the stage and IREE llvm-cpu for the host (compiled, run, checked against
-golden).
+model of each class goes through `doit build target=host` (IREE and TVM, each artifact run and
+checked against golden).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from conftest import sha256
 from families import static_classes as sc
 from pipeline import graph
 from pipeline.core.steps import execute
-from pipeline.stages import iree_compile, static, validate
+from pipeline.stages import static
 
 
 def _run(model, feeds: dict) -> list:
@@ -128,32 +128,28 @@ def _spec(folder, case) -> None:
     (folder / "model.yaml").write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize("case,rule", [(sc.InitInputCase(False, 4, 9), "initializer-inputs-as-constants"),
-                                       (sc.MapFnCase("shape", "carried", "and", 13), "unroll-loop"),
-                                       (sc.EncoderCase("unbind", "int64", 1, 18), "fold-sequences")],
-                         ids=lambda c: getattr(c, "name", c))
-def test_the_stage_records_it_and_iree_runs_the_result(tmp_path, case, rule):
-    folder = tmp_path / "models" / "case"
-    folder.mkdir(parents=True)
-    onnx.save(case.model(), folder / "model.onnx")
-    _spec(folder, case)
-    proj = graph.load_project(tmp_path / "models", tmp_path / "artifacts", "host")
-    model = next(m for m in proj.models if m.name == "case")
-    host = next(t for t in proj.targets if t.name == "host")
-    abi = next(a for a in host.abis if a.name == "cpu-x86_64")
-    steps = [next(s for s in proj.steps(stage) if s.name == "case") for stage in ("import", "golden", "static")]
-    steps += [iree_compile.compile_step(proj.layout, model, host, abi),
-              validate.validate_step(proj.layout, model, host, abi)]
-    for step in steps:
-        execute(step)
-    report = json.loads((steps[2].out_dir / "static.json").read_text())
-    assert rule in [r["rule"] for r in report["rewrites"]]
-    assert report["vs_original"]["passed"]
-    assert [i["name"] for i in report["inputs"]] == [i["name"] for i in case.inputs()]
-    assert "Loop" not in report["ops"]
-    checked = json.loads((steps[-1].out_dir / "validation.json").read_text())
-    assert checked["status"] == "passed"
-    assert max(o["max_abs"] for o in checked["outputs"]) < 1e-5
+def test_doit_builds_and_validates_one_of_each_class_for_the_host(workspace):
+    """`doit build target=host` on one model of each class: each artifact (IREE and TVM)
+    validated against golden, the manifest naming the static rewrite that made it possible."""
+    cases = {"initinputs": (sc.InitInputCase(False, 4, 9), "initializer-inputs-as-constants"),
+             "mapfn": (sc.MapFnCase("shape", "carried", "and", 13), "unroll-loop"),
+             "encoder": (sc.EncoderCase("unbind", "int64", 1, 18), "fold-sequences")}
+    for name, (case, _) in cases.items():
+        folder = workspace.models / name
+        folder.mkdir()
+        onnx.save(case.model(), folder / "model.onnx")
+        _spec(folder, case)
+    workspace.build("target=host")
+    manifest = json.loads((workspace.artifacts / "host" / "manifest.json").read_text())
+    for name, (case, rule) in cases.items():
+        entry = manifest["models"][name]
+        assert rule in [r["rule"] for r in entry["static_rewrites"]], name
+        assert sorted(entry["artifacts"]) == ["cpu-x86_64", "cpu-x86_64-tvm"], name
+        for abi, art in entry["artifacts"].items():
+            checked = art["validation"]
+            assert checked["status"] == "passed" and checked["shipped_bytes_executed"], (name, abi)
+            assert max(o["max_abs"] for o in checked["outputs"]) < 1e-5, (name, abi)
+        assert [i["name"] for i in entry["io"]["inputs"]] == [i["name"] for i in case.inputs()]
 
 
 def test_a_declared_initializer_input_is_an_input_through_the_stage(tmp_path):
