@@ -14,12 +14,14 @@ initializers it reads and forgets its recorded shapes; then inference fills them
 Graph surgery (pipeline/rewrite/static_rewrites.py, one function per rewrite, applied only where the
 graph has the pattern, each listed in static.json under `rewrites` and checked against golden
 with the rest). First, `initializer-inputs-as-constants`: a graph input that is also an
-initializer (old PyTorch exports) is a constant unless the spec declares it. Before simplifying, folding to a fixed point (pipeline/rewrite/fold.py): shape
-inference, constant folding (the inputs the spec binds to one value and static shapes count as
-known) and the rewrites `fold-constant-if` (If/Where with a known condition), `unroll-loop`
-(Loop with a known trip count), `fold-sequences` and `decompose-contrib-ops` (onnxruntime's
-com.microsoft ops as standard ONNX), pass after pass until nothing changes (static.json
-`folding`); an If or Loop left because it depends on data is named when dims stay dynamic.
+initializer (old PyTorch exports) is a constant unless the spec declares it. Before
+simplifying, folding to a fixed point (pipeline/rewrite/fold.py): shape inference, constant
+folding (the inputs the spec binds to one value and static shapes count as known) and the
+rewrites `fold-constant-if` (If/Where with a known condition), `unroll-loop` (Loop with a known
+trip count, or one its condition ends), `fold-sequences` and `decompose-contrib-ops`
+(onnxruntime's com.microsoft ops as standard ONNX), pass after pass until nothing changes
+(static.json `folding`); an If or Loop left because it depends on data is named when dims stay
+dynamic, else the op where shape inference stops.
 After, on static shapes, `reflect-pad-as-gather` (IREE 3.13 cannot compile some reflect Pads;
 the same values, bit for bit: see reflect_pads_as_gathers) and `unroll-recurrent` (LSTM/GRU
 where a compiler of ours lacks them). When onnxsim crashes, onnx's own constant folding with

@@ -414,7 +414,8 @@ class EncoderCase:
 
     def inputs(self) -> list[dict]:
         return [{"name": "ids", "shape": list(ENC_INPUT), "dtype": "int64"},
-                {"name": "mask", "shape": list(ENC_INPUT), "dtype": "bool" if self.mask == "bool" else "int64"}]
+                {"name": "mask", "shape": list(ENC_INPUT),
+                 "dtype": "bool" if self.mask == "bool" else "int64"}]
 
     def constants(self) -> list[dict]:
         return []
