@@ -1,5 +1,6 @@
 /* The IREE backend: a .vmfb on a HAL device (local-task / local-sync CPU, or Vulkan). */
-#define _GNU_SOURCE
+#define _GNU_SOURCE  /* sched_getaffinity, CPU_COUNT */
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,10 @@ typedef struct iree_state_s {
   size_t n_inputs, n_outputs;
   const my_tensor_t* inputs;
   const my_tensor_t* outputs;
+  int device_locked;  /* load() holds device_lock (released on every way out) */
 } iree_state_t;
+
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static modelyard_status_t from_iree(iree_status_t status, const char* what, char* err) {
   iree_status_code_t code = iree_status_code(status);
@@ -75,7 +79,7 @@ static iree_hal_element_type_t element_type(modelyard_dtype_t dtype) {
 /* Whether an output IREE returns as `got` holds the bytes of the declared `want`: the same type,
  * or integers (booleans included) of the same width. IREE's integers are signless: a uint8 output
  * comes back as int8 with the same bytes, and is read as the declared dtype, as
- * pipeline/stages/validate.py and pipeline/run/app.py do. */
+ * pipeline/stages/validate.py and pipeline/app/runner.py do. */
 static int same_bytes(iree_hal_element_type_t got, iree_hal_element_type_t want) {
   return got == want || (iree_hal_element_numerical_type_is_integer(got) &&
                          iree_hal_element_numerical_type_is_integer(want) &&
@@ -91,6 +95,7 @@ static int usable_cpus(void) {
 static void destroy(void* opaque) {
   iree_state_t* s = (iree_state_t*)opaque;
   if (!s) return;
+  if (s->device_locked) pthread_mutex_unlock(&device_lock);
   if (s->call_ready) iree_runtime_call_deinitialize(&s->call);
   iree_runtime_session_release(s->session);
   iree_hal_device_release(s->device);
@@ -120,6 +125,10 @@ static modelyard_status_t load(const my_load_args_t* a, void** out_state, char* 
   if (!s) return MODELYARD_OUT_OF_MEMORY;
   s->n_inputs = a->n_inputs; s->n_outputs = a->n_outputs;
   s->inputs = a->inputs; s->outputs = a->outputs;
+  /* IREE's flags are process-wide: one thread at a time sets the worker count and creates the
+   * device that reads it (modelyard_open may run in several threads) */
+  pthread_mutex_lock(&device_lock);
+  s->device_locked = 1;
   if (strcmp(a->device, "local-task") == 0) {
     /* The worker count, always explicit (IREE's process-wide flags, read when the local-task
      * driver makes its executor; iree.runtime.flags.parse_flags in Python): the caller's, else
@@ -143,6 +152,8 @@ static modelyard_status_t load(const my_load_args_t* a, void** out_state, char* 
     TRY(iree_runtime_instance_try_create_default_device(s->instance, iree_make_cstring_view(a->device),
                                                         &s->device), what);
   }
+  s->device_locked = 0;
+  pthread_mutex_unlock(&device_lock);
   iree_runtime_session_options_initialize(&sopts);
   TRY(iree_runtime_session_create_with_device(s->instance, &sopts, s->device,
                                               iree_runtime_instance_host_allocator(s->instance),

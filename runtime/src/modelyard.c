@@ -1,6 +1,8 @@
-/* libmodelyard: release.json -> the artifact this device runs -> a backend. See modelyard.h. */
-#define _GNU_SOURCE
+/* libmodelyard: release.json -> the artifact this device runs -> a backend. See modelyard.h.
+ * C11 (_Thread_local) with POSIX threads and dlopen; no compiler extension. */
+#define _GNU_SOURCE  /* dladdr */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,11 +36,16 @@ struct modelyard_model_s {
   const my_backend_ops_t* ops;
   void* state;
   void* plugin;  /* dlopen handle of libmodelyard_tvm.so */
-  int ran;
+  int ran;                /* 1 after a successful run, 0 after a failed one */
   modelyard_timing_t timing;
+  pthread_mutex_t lock;   /* serialises the calls that touch the buffers (modelyard.h: Threads) */
 };
 
-static __thread char last_error[MY_ERR_SIZE];
+static _Thread_local char last_error[MY_ERR_SIZE];
+
+/* The sizes of modelyard_options_t that headers of this library's versions had (0.1.0: the
+ * first); a newer layout appends its size here and reads only what a caller's size holds. */
+static const size_t OPTIONS_SIZES[] = {sizeof(modelyard_options_t)};
 
 static modelyard_status_t fail(modelyard_status_t status, const char* fmt, ...) {
   va_list ap;
@@ -64,10 +71,31 @@ const char* modelyard_status_name(modelyard_status_t status) {
 
 const char* modelyard_iree_commit(void) { return MODELYARD_IREE_COMMIT; }
 int modelyard_iree_hal_version(void) { return MODELYARD_IREE_HAL_VERSION; }
+const char* modelyard_version(void) { return MODELYARD_VERSION_STRING; }
 
-void modelyard_default_options(modelyard_options_t* o) {
-  memset(o, 0, sizeof(*o));
-  o->verify_sha256 = 1;
+static int known_options_size(size_t size) {
+  size_t k;
+  for (k = 0; k < sizeof(OPTIONS_SIZES) / sizeof(OPTIONS_SIZES[0]); k++)
+    if (OPTIONS_SIZES[k] == size) return 1;
+  return 0;
+}
+
+static modelyard_status_t unknown_options_size(const char* where, size_t size) {
+  return fail(MODELYARD_INVALID_ARGUMENT, "%s: options struct_size is %zu, libmodelyard %s knows %zu "
+              "(initialise the options with modelyard_default_options; a header newer than the "
+              "library needs a newer library)", where, size, MODELYARD_VERSION_STRING,
+              sizeof(modelyard_options_t));
+}
+
+modelyard_status_t modelyard_options_init(modelyard_options_t* o, size_t struct_size) {
+  modelyard_options_t defaults;
+  if (!o) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_options_init: NULL options");
+  if (!known_options_size(struct_size)) return unknown_options_size("modelyard_options_init", struct_size);
+  memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  defaults.verify_sha256 = 1;
+  memcpy(o, &defaults, struct_size);
+  return MODELYARD_OK;
 }
 
 /* ------------------------------------------------------------------------------ files, JSON */
@@ -153,25 +181,38 @@ static modelyard_status_t parse_tensors(const cJSON* list, const char* what, my_
 }
 
 /* ------------------------------------------------------------------------------ choosing */
+static const char self_anchor = 0;  /* an address inside libmodelyard (or the program, linked statically) */
+
 static const my_backend_ops_t* tvm_backend(void** handle, char* why, size_t why_size) {
   Dl_info self;
   char path[4096];
   const char* slash;
   void* h;
-  my_tvm_entry_fn entry;
-  if (!dladdr((void*)&tvm_backend, &self) || !self.dli_fname) {
+  my_tvm_entry_fn entry = NULL;
+  void* symbol;
+  int dir;
+  if (!dladdr(&self_anchor, &self) || !self.dli_fname) {
     snprintf(why, why_size, "cannot locate libmodelyard itself (dladdr)");
     return NULL;
   }
+  /* beside libmodelyard.so; for a program linked with libmodelyard.a, beside the program or in
+   * its ../lib (a release's runtime/<arch>/bin and lib) */
   slash = strrchr(self.dli_fname, '/');
-  snprintf(path, sizeof(path), "%.*slibmodelyard_tvm.so",
-           slash ? (int)(slash - self.dli_fname + 1) : 0, self.dli_fname);
+  dir = slash ? (int)(slash - self.dli_fname + 1) : 0;
+  snprintf(path, sizeof(path), "%.*slibmodelyard_tvm.so", dir, self.dli_fname);
   h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
-    snprintf(why, why_size, "the TVM backend is not loadable: %s", dlerror());
-    return NULL;
+    char first[1024];
+    snprintf(first, sizeof(first), "%s", dlerror());
+    snprintf(path, sizeof(path), "%.*s../lib/libmodelyard_tvm.so", dir, self.dli_fname);
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      snprintf(why, why_size, "the TVM backend is not loadable: %s", first);
+      return NULL;
+    }
   }
-  entry = (my_tvm_entry_fn)dlsym(h, MY_TVM_ENTRY);
+  symbol = dlsym(h, MY_TVM_ENTRY);
+  if (symbol) memcpy(&entry, &symbol, sizeof(entry));  /* POSIX: a function's address as a void* */
   if (!entry) {
     snprintf(why, why_size, "%s has no %s", path, MY_TVM_ENTRY);
     dlclose(h);
@@ -210,7 +251,7 @@ static void vulkan_unmet(const cJSON* req, const my_vk_device_t* dev, char* why,
   const char* api = str(req, "vulkan_api");
   const cJSON* list;
   const cJSON* it;
-  double limit;
+  double limit = 0;
   unsigned major = 0, minor = 0;
   size_t k;
   why[0] = 0;
@@ -411,18 +452,25 @@ static modelyard_status_t load_artifact(modelyard_model_t* m, const char* root, 
 
 modelyard_status_t modelyard_open(const char* root, const char* name,
                                   const modelyard_options_t* options, modelyard_model_t** out) {
-  modelyard_options_t defaults;
+  modelyard_options_t given;
   modelyard_model_t* m;
   char path[4096];
   size_t size = 0, i;
   char* text;
   cJSON *doc, *models, *model, *artifacts, *fallback, *io;
   modelyard_status_t status = MODELYARD_OK;
-  int chosen = 0;
+  int chosen = 0, loaded = 0;  /* loaded: an artifact was chosen and its load tried */
   last_error[0] = 0;
+  if (out) *out = NULL;
   if (!root || !name || !out) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_open: NULL argument");
-  *out = NULL;
-  if (!options) { modelyard_default_options(&defaults); options = &defaults; }
+  /* the defaults, overwritten by the caller's options as far as its struct_size reaches */
+  modelyard_options_init(&given, sizeof(given));
+  if (options) {
+    if (!known_options_size(options->struct_size))
+      return unknown_options_size("modelyard_open", options->struct_size);
+    memcpy(&given, options, options->struct_size);
+  }
+  options = &given;
   snprintf(path, sizeof(path), "%s/release.json", root);
   text = (char*)read_file(path, &size);
   if (!text) return fail(MODELYARD_NOT_FOUND, "cannot read %s (is %s an unpacked release?)", path, root);
@@ -445,6 +493,11 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
   }
   m = (modelyard_model_t*)calloc(1, sizeof(*m));
   if (!m) { cJSON_Delete(doc); return fail(MODELYARD_OUT_OF_MEMORY, "out of memory"); }
+  if (pthread_mutex_init(&m->lock, NULL) != 0) {
+    free(m);
+    cJSON_Delete(doc);
+    return fail(MODELYARD_OUT_OF_MEMORY, "modelyard_open: cannot create the model's mutex");
+  }
   io = cJSON_GetObjectItemCaseSensitive(model, "io");
   status = parse_tensors(cJSON_GetObjectItemCaseSensitive(io, "inputs"), "inputs", &m->inputs, &m->n_inputs);
   if (status == MODELYARD_OK)
@@ -495,6 +548,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
         continue;
       }
       status = load_artifact(m, root, abi, order[k], &pick, options);
+      loaded = 1;
       if (status != MODELYARD_OK) break;  /* a chosen artifact that fails is an error, never a silent switch */
       chosen = 1;
       append(&m->explain, "chose %s (%s) on %s%s\n", abi, str(order[k], "file"), pick.where,
@@ -502,7 +556,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
       if (passed) append(&m->explain, "%s", passed);
     }
     free(vk);
-    if (!chosen && status == MODELYARD_INCOMPATIBLE && !options->abi)
+    if (!chosen && !loaded && status == MODELYARD_INCOMPATIBLE && !options->abi)
       status = fail(MODELYARD_INCOMPATIBLE, "no artifact of %s can run on this device:\n%s", name,
                     passed ? passed : "  (no artifacts)\n");
     free(passed);
@@ -536,6 +590,7 @@ void modelyard_close(modelyard_model_t* m) {
   free(m->input_data); free(m->output_data);
   free_tensors(m->inputs, m->n_inputs); free_tensors(m->outputs, m->n_outputs);
   free(m->explain);
+  pthread_mutex_destroy(&m->lock);
   free(m);
 }
 
@@ -569,34 +624,51 @@ modelyard_status_t modelyard_set_input(modelyard_model_t* m, size_t i, const voi
     return fail(MODELYARD_INVALID_ARGUMENT, "input %zu (%s): got %zu bytes, expected %zu (%s, %zu elements)",
                 i, m->inputs[i].info.name, bytes, m->inputs[i].info.byte_size,
                 m->inputs[i].info.dtype_name, m->inputs[i].info.byte_size / m->inputs[i].elem_size);
+  pthread_mutex_lock(&m->lock);
   memcpy(m->input_data[i], data, bytes);
+  pthread_mutex_unlock(&m->lock);
   return MODELYARD_OK;
 }
 
 modelyard_status_t modelyard_run(modelyard_model_t* m) {
   char err[MY_ERR_SIZE] = "";
   modelyard_status_t status;
+  modelyard_timing_t timing = {0, 0, 0};
   if (!m) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_run: NULL model");
-  status = m->ops->run(m->state, (const void* const*)m->input_data, m->output_data, &m->timing, err);
+  pthread_mutex_lock(&m->lock);
+  status = m->ops->run(m->state, (const void* const*)m->input_data, m->output_data, &timing, err);
+  m->ran = status == MODELYARD_OK;  /* a failed run may have written some outputs: none is read */
+  if (status == MODELYARD_OK) m->timing = timing;
+  pthread_mutex_unlock(&m->lock);
   if (status != MODELYARD_OK) return fail(status, "%s: running %s: %s", m->abi, m->backend_name, err);
-  m->ran = 1;
   return MODELYARD_OK;
 }
 
+/* The mutex of a model a const entry point reads under (the lock is not part of its value). */
+static pthread_mutex_t* lock_of(const modelyard_model_t* m) { return (pthread_mutex_t*)&m->lock; }
+
 modelyard_status_t modelyard_get_output(const modelyard_model_t* m, size_t i, void* data, size_t bytes) {
+  int ran;
   if (!m || !data) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_get_output: NULL argument");
   if (i >= m->n_outputs)
     return fail(MODELYARD_INVALID_ARGUMENT, "output %zu: the model has %zu outputs", i, m->n_outputs);
-  if (!m->ran) return fail(MODELYARD_INVALID_ARGUMENT, "output %zu: modelyard_run has not run yet", i);
   if (bytes != m->outputs[i].info.byte_size)
     return fail(MODELYARD_INVALID_ARGUMENT, "output %zu (%s): got room for %zu bytes, it has %zu",
                 i, m->outputs[i].info.name, bytes, m->outputs[i].info.byte_size);
-  memcpy(data, m->output_data[i], bytes);
+  pthread_mutex_lock(lock_of(m));
+  ran = m->ran;
+  if (ran) memcpy(data, m->output_data[i], bytes);
+  pthread_mutex_unlock(lock_of(m));
+  if (!ran)
+    return fail(MODELYARD_INVALID_ARGUMENT, "output %zu: no successful modelyard_run yet (none, or the "
+                "last one failed)", i);
   return MODELYARD_OK;
 }
 
 modelyard_status_t modelyard_last_timing(const modelyard_model_t* m, modelyard_timing_t* out) {
   if (!m || !out) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_last_timing: NULL argument");
+  pthread_mutex_lock(lock_of(m));
   *out = m->timing;
+  pthread_mutex_unlock(lock_of(m));
   return MODELYARD_OK;
 }

@@ -343,8 +343,9 @@ class Info(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    _fields_ = [("abi", ctypes.c_char_p), ("allow_software_vulkan", ctypes.c_int),
-                ("cpu_threads", ctypes.c_int), ("verify_sha256", ctypes.c_int)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("abi", ctypes.c_char_p),
+                ("allow_software_vulkan", ctypes.c_int), ("cpu_threads", ctypes.c_int),
+                ("verify_sha256", ctypes.c_int)]
 
 
 def library(release: Path):
@@ -352,13 +353,14 @@ def library(release: Path):
     lib.modelyard_last_error.restype = ctypes.c_char_p
     lib.modelyard_explain.restype = ctypes.c_char_p
     lib.modelyard_iree_commit.restype = ctypes.c_char_p
+    lib.modelyard_version.restype = ctypes.c_char_p
     return lib
 
 
 def open_model(lib, release: Path, abi: str):
     model = ctypes.c_void_p()
     opts = Options()
-    lib.modelyard_default_options(ctypes.byref(opts))
+    assert lib.modelyard_options_init(ctypes.byref(opts), ctypes.c_size_t(ctypes.sizeof(opts))) == 0
     opts.abi = abi.encode()
     status = lib.modelyard_open(str(release).encode(), b"alpha", ctypes.byref(opts), ctypes.byref(model))
     assert status == 0, lib.modelyard_last_error()
@@ -471,6 +473,87 @@ def test_cmake_package_builds_the_example(releases, tmp_path):
         r = subprocess.run([*QEMU, *exe] if arch == "aarch64" else exe, capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.startswith(f"chose cpu-{arch} "), r.stdout + r.stderr
         assert re.search(r"y\[0\] = -?[0-9.e+-]+\n", r.stdout)
+
+
+# ----------------------------------------------------------------------------- the C API
+HEADER = REPO / "runtime/include/modelyard.h"
+
+
+def api_functions() -> set[str]:
+    """The functions modelyard.h exports (`MODELYARD_API <type> modelyard_x(`)."""
+    return set(re.findall(r"MODELYARD_API [^;(]*?\b(modelyard_\w+)\(", HEADER.read_text()))
+
+
+def test_header_is_c99_and_cxx_with_the_project_version(tmp_path):
+    """modelyard.h's version macros are pyproject.toml's version; the header alone compiles as
+    ISO C99 and C++11 with every warning an error; every function it declares is called by the
+    C tests (runtime/tests/test_api.c)."""
+    import tomllib
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    text = HEADER.read_text()
+    parts = [re.search(rf"#define MODELYARD_VERSION_{k} (\d+)\n", text)[1] for k in ("MAJOR", "MINOR", "PATCH")]
+    assert ".".join(parts) == version and f'#define MODELYARD_VERSION_STRING "{version}"\n' in text
+    use = tmp_path / "use.c"
+    use.write_text('#include "modelyard.h"\n'
+                   "int main(void) { modelyard_options_t o; return (int)modelyard_default_options(&o); }\n")
+    for argv in (["gcc", "-std=c99"], ["g++", "-std=c++11", "-x", "c++"]):
+        r = subprocess.run([*argv, "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
+                            f"-I{HEADER.parent}", str(use)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    called = set(re.findall(r"\b(modelyard_\w+)\(", (REPO / "runtime/tests/test_api.c").read_text()))
+    assert len(api_functions()) >= 19 and api_functions() - called == set()
+
+
+def exported(path: Path, shared: bool) -> set[str]:
+    """The functions a library defines globally (nm reads both architectures' ELF)."""
+    out = subprocess.run(["nm", "-D" if shared else "-g", "--defined-only", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return {line.split()[2] for line in out.splitlines() if len(line.split()) == 3}
+
+
+def test_c_api_program_shared_and_static(releases, tmp_path):
+    """runtime/tests/test_api.c, every entry point with its errors, threads included, built as an
+    app builds it (find_package(modelyard) on the bundle, C99, warnings as errors) against
+    libmodelyard.so and against libmodelyard.a, run by ctest on the IREE and the TVM artifact:
+    x86_64 natively, aarch64 cross-compiled and run under qemu. Both libraries export exactly the
+    header's functions (the .a hides IREE and cJSON as the .so does); each output is the golden
+    vector's within its tolerance, and the same bytes from both libraries."""
+    cmake = Path(sys.executable).parent / "cmake"
+    ctest = Path(sys.executable).parent / "ctest"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for arch, rel in (("x86_64", releases["host"]), ("aarch64", releases["rk3588"])):
+        lib = rel / "runtime" / arch / "lib"
+        assert exported(lib / "libmodelyard.so", True) == api_functions()
+        assert exported(lib / "libmodelyard.a", False) == api_functions()
+        work = tmp_path / arch
+        work.mkdir()
+        (work / "lib").symlink_to(lib)  # a program linked with libmodelyard.a finds the TVM plugin in ../lib
+        x = np.load(rel / "tests/alpha/input_0.npy")
+        (work / "input.bin").write_bytes(np.ascontiguousarray(x).tobytes())
+        abis_ = [f"cpu-{arch}", f"cpu-{arch}-tvm"]
+        args = [str(cmake), "-S", str(REPO / "runtime/tests"), "-B", str(work / "build"), "-G", "Ninja",
+                f"-DCMAKE_PREFIX_PATH={rel / 'runtime' / arch}", f"-DMODELYARD_TEST_RELEASE={rel}",
+                "-DMODELYARD_TEST_MODEL=alpha", f"-DMODELYARD_TEST_ABIS={';'.join(abis_)}",
+                f"-DMODELYARD_TEST_INPUT={work / 'input.bin'}"]
+        if arch == "aarch64":
+            from pipeline.stages.runtime import TOOLCHAIN
+            (work / "aarch64.cmake").write_text(TOOLCHAIN.format(cc="aarch64-linux-gnu-gcc",
+                                                                 cxx="aarch64-linux-gnu-g++"))
+            args += [f"-DCMAKE_TOOLCHAIN_FILE={work / 'aarch64.cmake'}",
+                     f"-DCMAKE_CROSSCOMPILING_EMULATOR={';'.join(QEMU)}"]
+        for argv in (args, [str(cmake), "--build", str(work / "build")],
+                     [str(ctest), "--test-dir", str(work / "build"), "--output-on-failure", "--timeout", "600"]):
+            r = subprocess.run(argv, capture_output=True, text=True, env=env)
+            assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+        assert "100% tests passed, 0 tests failed out of 4" in r.stdout, r.stdout
+        golden = np.load(rel / "tests/alpha/output_0.npy")
+        for abi in abis_:
+            tol = abis(rel)[abi]["validation"]["tolerance"]
+            shared, static = ((work / "build" / f"test_api_{kind}.{abi}.out").read_bytes()
+                              for kind in ("shared", "static"))
+            assert shared == static, abi
+            y = np.frombuffer(shared, golden.dtype).reshape(golden.shape)
+            assert np.abs(y - golden).max() <= tol["max_abs"], (abi, np.abs(y - golden).max(), tol)
 
 
 # ----------------------------------------------------------------------------- reproducible
