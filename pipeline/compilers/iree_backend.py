@@ -64,8 +64,10 @@ def validation_tools(run: dict) -> tuple:
     via = run["via"]
     return {"python": ("iree-base-runtime", "numpy"),
             "qemu": ("iree-runtime-aarch64", "qemu-aarch64-static", "numpy"),
-            "vulkan": ("iree-base-runtime", "numpy", f"vulkan-driver:{run.get('driver')}"),
-            "twin": ("iree-base-runtime", "numpy", f"vulkan-driver:{run.get('driver')}")}[via]
+            "vulkan": ("iree-base-runtime", "numpy", f"vulkan-driver:{run.get('driver')}",
+                       *(f"vulkan-driver:{d}" for d in run.get("also", ()))),
+            "twin": ("iree-base-runtime", "numpy", f"vulkan-driver:{run.get('driver')}",
+                     *(f"vulkan-driver:{d}" for d in run.get("also", ())))}[via]
 
 
 def compile_fields(report: dict) -> dict:

@@ -96,8 +96,17 @@ def vulkan_driver_fingerprint(driver: str) -> str:
     return f"sha256:{sha256_file(library)}" if library.is_file() else "missing"
 
 
+# Software Vulkan drivers installed elsewhere than Mesa's folder: SwiftShader (Subzero JIT, a
+# driver independent of Mesa) comes with Debian's chromium, which setup.sh installs
+OTHER_ICDS = {"swiftshader": (Path("/usr/lib/chromium/vk_swiftshader_icd.json"),
+                              ICD_DIR / "vk_swiftshader_icd.json")}
+
+
 def icd_file(driver: str) -> Path | None:
-    """The ICD manifest of a Mesa driver by short name: lavapipe -> lvp_icd.*.json."""
+    """The ICD manifest of a Vulkan driver by short name: lavapipe -> lvp_icd.*.json;
+    swiftshader -> chromium's vk_swiftshader_icd.json."""
+    if driver in OTHER_ICDS:
+        return next((p for p in OTHER_ICDS[driver] if p.is_file()), None)
     prefix = {"lavapipe": "lvp", "llvmpipe": "lvp"}.get(driver, driver)
     found = sorted(glob.glob(str(ICD_DIR / f"{prefix}_icd.*.json")))
     return Path(found[0]) if found else None

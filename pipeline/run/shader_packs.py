@@ -135,7 +135,7 @@ def mesa_cache(layout, artifact: Path, run: dict, scratch: Path, log=None) -> It
     store (or the machine's folder of packs) has one; after a successful run that started cold,
     the pack is stored. Yields None for runs that use no Vulkan driver."""
     driver = run.get("driver") if run.get("via") in ("vulkan", "twin") else None
-    if not driver:
+    if driver not in ("lavapipe", "llvmpipe"):  # no driver, or one without Mesa's disk cache
         yield None
         return
     folder, work = scratch / "mesa-cache", scratch / "mesa-pack"

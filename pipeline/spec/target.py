@@ -111,6 +111,10 @@ class VulkanRunDoc(Doc):
     driver: str = "lavapipe"
     twin: str = None
     """twin only: the IREE Vulkan target of the runnable twin, e.g. llvmpipe"""
+    also: list[Literal["swiftshader", "lavapipe"]] = []
+    """other software drivers that run the same bytes too, each compared with golden: two
+    independent drivers must agree (SwiftShader: builds without subgroup ops or fp16, e.g.
+    vp_android_baseline_2022)"""
 
 
 class FallbackDoc(Doc):
@@ -234,7 +238,8 @@ def _iree_abi(name: str, doc, where: str, problems: list) -> AbiSpec | None:
                    vulkan_target=doc.vulkan_target, vulkan_features=doc.vulkan_features,
                    fallbacks=fallbacks, workarounds=workarounds,
                    run={"via": run.via, "driver": run.driver,
-                        **({"twin": run.twin} if run.via == "twin" else {})})
+                        **({"twin": run.twin} if run.via == "twin" else {}),
+                        **({"also": list(run.also)} if run.also else {})})
 
 
 # The ABI documents a target YAML may hold, one row per backend (the `compiler:` they give): the

@@ -89,21 +89,27 @@ def runner_argv(config: Config, artifact, inputs: list, outputs: list, where: di
                                                  outputs, where, shader_cache=shader_cache)
 
 
-def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wrong_hint: str):
+SOFTWARE_DRIVERS = ("lavapipe", "swiftshader")  # Vulkan on this machine's CPU: one at a time
+
+
+def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wrong_hint: str,
+                    cfg: Config | None = None):
     """Run an artifact on the golden inputs through `runner_argv` (this module's, or TVM's) and
     compare with golden; returns (doc, actual, names, executed, result). Fails the step when the
-    run fails or the outputs are beyond the tolerance."""
+    run fails or the outputs are beyond the tolerance. cfg: the step's, unless another driver
+    runs the same bytes (run.also)."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
 
+    cfg = cfg or ctx.cfg
     doc, _, expected = read_golden(ctx)
     inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
     outputs = [ctx.scratch / f"actual_{k}.npy" for k in range(len(doc["outputs"]))]
     where = dict(stage=ctx.step.stage, **ctx.step.where)
-    software = ctx.cfg.run.get("via") in ("vulkan", "twin") and ctx.cfg.run.get("driver") == "lavapipe"
+    software = cfg.run.get("via") in ("vulkan", "twin") and cfg.run.get("driver") in SOFTWARE_DRIVERS
     with (alone() if software else contextlib.nullcontext()), \
-            shader_packs.mesa_cache(ctx.step.layout, Path(executable), ctx.cfg.run, ctx.scratch,
+            shader_packs.mesa_cache(ctx.step.layout, Path(executable), cfg.run, ctx.scratch,
                                     log=ctx.log) as shader_cache:  # warm when a pack is stored
-        argv, executed, env = runner_argv(ctx.cfg, executable, inputs, outputs, where,
+        argv, executed, env = runner_argv(cfg, executable, inputs, outputs, where,
                                           shader_cache=shader_cache)
         run_tool(argv, log=ctx.log, what=f"running the {what} ({executed['where']})", env=env,
                  hint=run_hint, timeout=3600, progress=f"{ctx.step.stage}:{ctx.step.name}", **where)
@@ -111,9 +117,10 @@ def run_and_compare(ctx, executable, runner_argv, what: str, run_hint: str, wron
     for p in outputs:
         p.unlink()
     names = [o["name"] for o in doc["outputs"]]
-    result = compare(actual, expected, names, ctx.cfg.tolerance, ctx.cfg.arithmetic)
+    result = compare(actual, expected, names, cfg.tolerance, cfg.arithmetic)
     if not result["passed"]:
-        raise ctx.error(f"outputs differ from golden: {describe_failures(result)} "
+        on = f" on {cfg.run['driver']}" if cfg is not ctx.cfg else ""
+        raise ctx.error(f"outputs{on} differ from golden: {describe_failures(result)} "
                         f"({summary(result)})", hint=wrong_hint)
     return doc, actual, names, executed, result
 
@@ -156,6 +163,17 @@ def run(ctx) -> None:
         ctx, ctx.input("twin.artifact" if twin else "artifact"), runner_argv,
         what="twin" if twin else backend.what, run_hint=backend.run_hint,
         wrong_hint=backend.wrong_hint)
+    also = []  # the same bytes on each other driver the ABI names: all must agree with golden
+    for driver in cfg.run.get("also", ()):
+        other = dataclasses.replace(cfg, run={**cfg.run, "driver": driver})
+        _, _, _, on_other, other_result = run_and_compare(
+            ctx, ctx.input("twin.artifact" if twin else "artifact"), runner_argv,
+            what="twin" if twin else backend.what, run_hint=backend.run_hint,
+            wrong_hint=f"{backend.wrong_hint}; it passed on {cfg.run['driver']}: two independent "
+                       f"drivers disagree, so one of them (or the build) is wrong: check on the "
+                       f"device (bench/vulkan_gpu.py) before shipping", cfg=other)
+        also.append({"driver": driver, "device": on_other["device"],
+                     "outputs": other_result["outputs"]})
     vs_fp32 = None
     if cfg.reference_tolerance is not None:  # a precision variant: also against fp32, within its gate
         reference = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False)
@@ -173,6 +191,8 @@ def run(ctx) -> None:
         report["arithmetic"] = cfg.arithmetic
     if cfg.tolerance_from is not None:
         report["tolerance_from"] = cfg.tolerance_from
+    if also:
+        report["also"] = also
     if executed.get("simulated"):  # the NPU: its simulator ran the model exported as this file
         report["simulated"] = True
         report["shipped_bytes_executed"] = False

@@ -193,3 +193,32 @@ def test_lavapipe_validation_demotes_the_spinning_threads_and_keeps_the_bytes(tm
         runs[mode] = (out.read_bytes(), run.stderr)
     assert "spin watcher: " in runs["watched"][1] and "spin watcher" not in runs["plain"][1]
     assert runs["watched"][0] == runs["plain"][0]
+
+
+def test_a_baseline_build_validated_on_two_independent_drivers(tmp_path):
+    """run.also: the same shipped bytes run on lavapipe and on SwiftShader (chromium's, a driver
+    that shares no code with Mesa), each compared with golden; validation.json and the manifest
+    say what each ran on. A driver outside the schema's list is a spec error."""
+    for driver in ("lavapipe", "swiftshader"):
+        devices, why = vulkan.query_devices(vulkan.driver_env(driver))
+        require(bool(devices), f"{driver} missing (./setup.sh installs it): {why}")
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    abi = ("abis:\n  vulkan-baseline:\n    compiler: iree\n    backend: vulkan-spirv\n"
+           "    vulkan_target: vp_android_baseline_2022\n"
+           "    run: {via: vulkan, driver: lavapipe, also: [%s]}\n")
+    (targets / "gpu.yaml").write_text(abi % "swiftshader")
+    ws = Workspace(tmp_path / "ws")
+    add_tiny_model(ws.models, "alpha", seed=11)
+    ws.build(f"targets={targets}")
+    report = json.loads((ws.artifacts / "gpu/alpha/vulkan-baseline/validate/validation.json").read_text())
+    assert report["status"] == "passed" and report["shipped_bytes_executed"]
+    assert "llvmpipe" in report["executed"]["device"].lower()
+    (other,) = report["also"]
+    assert other["driver"] == "swiftshader" and "swiftshader" in other["device"].lower()
+    assert all(o["max_abs"] <= report["tolerance"]["max_abs"] for o in other["outputs"]), other
+    manifest = json.loads((ws.artifacts / "gpu/manifest.json").read_text())
+    assert manifest["models"]["alpha"]["artifacts"]["vulkan-baseline"]["validation"]["also"] == [other]
+    (targets / "gpu.yaml").write_text(abi % "nvidia")
+    refused = ws.build(f"targets={targets}", check=False)
+    assert refused.returncode != 0 and "also" in refused.stdout + refused.stderr
