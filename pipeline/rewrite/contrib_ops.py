@@ -32,6 +32,10 @@ weights, which drops the activation rounding: listed under `rewrites_declined`.
 """
 from __future__ import annotations
 
+import mmap
+import tempfile
+from pathlib import Path
+
 from .graph_edit import Facts, NoRewrite, _Builder, _attrs, _dims, _inits, _replace, _text
 from .recurrent import MAX_UNROLLED_STEPS
 
@@ -502,3 +506,20 @@ def exact_integer_reference(model, input_shapes: dict) -> dict | None:
         record["left"] = {k: f"{v} x onnxruntime's own kernel: golden depends on this CPU's ISA "
                              f"for them" for k, v in left.items()}
     return record
+
+
+def exact_reference(source, shapes: dict):
+    """(a temporary ONNX file, its record) when the source has ops whose onnxruntime kernels depend
+    on the CPU (U8S8: dynamic int8): the source with its integer products
+    computed exactly (exact_integer_reference), so that golden is the same on any CPU; else None."""
+    with open(source, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if not any(data.find(op.encode()) >= 0 for _, op in U8S8):  # op types are plain text in
+            return None                                             # the protobuf: no onnx load
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    if not u8s8_ops(onnx.load(str(source), load_external_data=False)):
+        return None
+    model = onnx.load(str(source))
+    record = exact_integer_reference(model, shapes)
+    out = Path(tempfile.mkstemp(suffix=".onnx")[1])
+    onnx.save(model, str(out))
+    return out, record

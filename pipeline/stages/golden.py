@@ -12,7 +12,6 @@ iree-run-module reads) plus golden.json naming them. Every later stage compares 
 from __future__ import annotations
 
 import json
-import mmap
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from ..core.layout import outputs_for, static_model
 from ..core.numerics import make_input
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
-from ..rewrite.contrib_ops import U8S8, exact_integer_reference, u8s8_ops
+from ..rewrite.contrib_ops import exact_reference
 from ..rewrite.recurrent import sequence_first
 from ..rewrite.sources import tflite_run
 from ..run.ort import reduced_session, session, variant_feeds
@@ -29,7 +28,7 @@ from ..spec.calibration import Preprocessing, SampleError, load_sample
 from ..spec.sources import GOLDEN, source_files
 from ..spec.variants import (IO_DTYPES, full_name, variant_inputs, variant_preprocessing,
                              variant_tools)
-from .quantize import Samples, sample_inputs_problems
+from ..spec.samples import Samples, sample_inputs_problems
 
 VERSION = 1
 
@@ -135,33 +134,6 @@ def run(ctx) -> None:
     ctx.output("golden.json").write_text(pretty_json(doc))
 
 
-def exact_reference(source, shapes: dict):
-    """(a temporary ONNX file, its record) when the source has ops whose onnxruntime kernels depend
-    on the CPU (rewrite/contrib_ops.py U8S8: dynamic int8): the source with its integer products
-    computed exactly (exact_integer_reference), so that golden is the same on any CPU; else None."""
-    with open(source, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if not any(data.find(op.encode()) >= 0 for _, op in U8S8):  # op types are plain text in
-            return None                                             # the protobuf: no onnx load
-    import onnx  # onnx: 1.5 s, not needed by doit list
-    if not u8s8_ops(onnx.load(str(source), load_external_data=False)):
-        return None
-    model = onnx.load(str(source))
-    record = exact_integer_reference(model, shapes)
-    out = Path(tempfile.mkstemp(suffix=".onnx")[1])
-    onnx.save(model, str(out))
-    return out, record
-
-
-def load(ctx):
-    """(golden doc, input arrays, output arrays) from a step whose inputs include the golden files."""
-    import numpy as np  # numpy: 0.2 s, not needed by doit list
-    doc = json.loads(ctx.input("golden.json").read_text())
-    ins = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["inputs"]]
-    outs = [np.load(ctx.input(f"golden:{e['file']}"), allow_pickle=False) for e in doc["outputs"]]
-    return doc, ins, outs
-
-
-# ----------------------------------------------------------------------------- precision variants
 def variant_outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:
     return outputs_for(n_inputs, n_outputs) + tuple(f"reference_{k}.npy" for k in range(n_outputs))
 
