@@ -5,7 +5,9 @@
             timed here within the build's search budget (`search=SECONDS`); an ABI that follows
             another (`configs_from`, aarch64) takes a config from a pin only, since `doit search`
             validates the host's candidates under qemu before it pins one, and this does not;
-    base    no pin and no search (`search=0`): the ABI's own flags, and the reason.
+    base    no pin and no search (`search=0`): the ABI's own flags, and the reason; on an ABI
+            timed here, with `default`: the config UNPINNED names (below), which the compile
+            step applies (compile.json: `from: default`) unless it changes nothing in the model.
 An ABI that declares no `configs:` has nothing to choose (None).
 
 The compile stage (which reads the ranking) and the search stage (which writes it) both ask
@@ -21,6 +23,13 @@ from .iree_backend import IREE
 SEARCH_STAGE = "search_configs"
 RANKING = "ranking.json"
 DEFAULT_BUDGET_S = 180.0  # per model and host ABI, when search= is not given
+# The declared config a model with no pin is built with on an ABI timed here when this build
+# ranked none (search=0, or the search's budget ran out before a config besides default was
+# validated), instead of the ABI's base flags; its rewrites are no-ops on a model with nothing to
+# rewrite (compile.json then says `base`). None: the base flags. Chosen by the geometric mean of
+# bench/iree_defaults.py over public models and generated op-class graphs, side by side with
+# onnxruntime (docs/measurements/2026-12-03-iree-defaults.md, docs/configs.md).
+UNPINNED: str | None = None
 _TARGETS: dict = {}       # (registry folder, name) -> TargetSpec, for the ABIs followed
 
 
@@ -55,6 +64,20 @@ def search_source(target, abi) -> tuple | None:
     return (other, source) if source is not None and timed_here(source) else None
 
 
+def unpinned(abi) -> dict | None:
+    """{name, flags, rewrites} of the config (UNPINNED) a model with no pin gets on this ABI when
+    no search ranked one; None: the base flags (no such config declared, or an ABI not timed
+    here: a follower's config comes from a pin only)."""
+    declared = abi.config(UNPINNED) if UNPINNED and timed_here(abi) else None
+    return None if declared is None else {"name": declared["name"], "flags": list(declared["flags"]),
+                                          "rewrites": list(declared["rewrites"])}
+
+
+def _default(abi) -> dict:
+    config = unpinned(abi)
+    return {"default": config} if config else {}
+
+
 def budget_of(project) -> float:
     """The build's search budget in seconds per model and host ABI (0: no search)."""
     value = getattr(project, "search", None)
@@ -83,10 +106,10 @@ def decide(project, model, target, abi) -> dict | None:
                                        f"cannot be searched on this machine"}
     if budget_of(project) <= 0:
         return {"from": "base", "why": "no pin in the model folder, and search=0: the build "
-                                       "searched no config"}
+                                       "searched no config", **_default(abi)}
     return {"from": "search", "source": source,
             "configs": [{"name": c["name"], "flags": list(c["flags"]),
-                         "rewrites": list(c["rewrites"])} for c in abi.configs]}
+                         "rewrites": list(c["rewrites"])} for c in abi.configs], **_default(abi)}
 
 
 def ranking_file(layout, target_name: str, model_name: str, abi_name: str) -> Path:

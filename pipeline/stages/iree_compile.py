@@ -23,8 +23,9 @@ to the ABI's flags (`config`: its name, flags, and the target whose search chose
 compile.json and the manifest. No pin: the build's own search ranks them (stage search_configs,
 compilers/config_choice.py; the step reads its ranking.json as an input and adds the winner's
 flags and rewrites), or with `search=0` the ABI's base flags. compile.json's `config.from` says
-which: `pin`, `search` or `base` (with `why`). An ABI without configs: no config (the key is
-what it was without configs).
+which: `pin`, `search` or `base` (with `why`), or `default`: no search ranked a config and the
+config a model without a pin gets (config_choice.UNPINNED, when set) rewrote something. An ABI
+without configs: no config (the key is what it was without configs).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from ..core.store import pretty_json
 from ..core.tools import describe_exit, run_tool, tail
 from ..rewrite.abi_rewrites import REWRITES
 from ..rewrite.abi_rewrites import apply as apply_rewrites
+from ..rewrite.abi_rewrites import rewritten
 from ..spec.target import DEFAULT_CONFIG, IREE_BACKENDS
 from ..spec.variants import FP16_FEATURES, PRECISIONS, variant_model
 
@@ -107,11 +109,12 @@ class Config(StageConfig):
                                                       if r not in REWRITES]):
             yield f"config {self.config['name']!r}: unknown rewrite(s) {', '.join(unknown)}"
         if self.search is not None and (self.config is not None or not isinstance(self.search, dict)
-                                        or (self.search.get("from"), sorted(self.search)) not in (
+                                        or (self.search.get("from"),
+                                            sorted(set(self.search) - {"default"})) not in (
                                             ("search", ["configs", "from", "source"]),
                                             ("base", ["from", "why"]))):
-            yield (f"search is {{from: search, source, configs}} or {{from: base, why}}, and only "
-                   f"without a pinned config, got {self.search!r}")
+            yield (f"search is {{from: search, source, configs}} or {{from: base, why}} (and "
+                   f"maybe default), and only without a pinned config, got {self.search!r}")
 
     def as_key(self) -> dict:
         """The ABI's compile config as the spec gives it, plus entry (and a variant's precision)."""
@@ -210,7 +213,7 @@ def _chosen(ctx, cfg: Config) -> tuple[Config, dict | None]:
     if cfg.search is None:
         return cfg, ({"from": "pin"} if cfg.config is not None else None)
     if cfg.search["from"] == "base":
-        return cfg, dict(cfg.search)
+        return _unpinned(ctx, cfg, {"from": "base", "why": cfg.search["why"]})
     ranking = json.loads(ctx.input("search").read_text())
     name, source = ranking["config"], cfg.search["source"]
     facts = {"searched": source, "ranking": ranking["ranking"], "not_tried": ranking["not_tried"],
@@ -218,16 +221,17 @@ def _chosen(ctx, cfg: Config) -> tuple[Config, dict | None]:
     if name is not None:
         facts["ratio_to_onnxruntime"] = ranking["candidates"][name].get("ratio_to_onnxruntime")
     base = lambda why: (dataclasses.replace(cfg, search=None), {"from": "base", "why": why, **facts})
+    unpinned = lambda why: _unpinned(ctx, cfg, {"from": "base", "why": why, **facts})
     others = [n for n in ranking["order"] if n != DEFAULT_CONFIG]
     if name is None and DEFAULT_CONFIG in ranking["not_tried"]:
-        return base(f"the search of {source} used its budget of {ranking['budget_s']:g} s before "
-                    f"a candidate was built and validated (search=SECONDS gives more)")
+        return unpinned(f"the search of {source} used its budget of {ranking['budget_s']:g} s "
+                        f"before a candidate was built and validated (search=SECONDS gives more)")
     if name is None:
         return base(f"the search of {source} in this build validated no candidate")
     if name == DEFAULT_CONFIG and others and all(n in ranking["not_tried"] for n in others):
-        return base(f"the search of {source} used its budget of {ranking['budget_s']:g} s before "
-                    f"any config besides {DEFAULT_CONFIG} was built and validated (search=SECONDS "
-                    f"gives more)")
+        return unpinned(f"the search of {source} used its budget of {ranking['budget_s']:g} s "
+                        f"before any config besides {DEFAULT_CONFIG} was built and validated "
+                        f"(search=SECONDS gives more)")
     if name == DEFAULT_CONFIG:
         return dataclasses.replace(cfg, search=None), {"from": "search", **facts}
     declared = next((c for c in cfg.search["configs"] if c["name"] == name), None)
@@ -236,6 +240,25 @@ def _chosen(ctx, cfg: Config) -> tuple[Config, dict | None]:
     config = {"name": name, "flags": list(declared["flags"]), "rewrites": list(declared["rewrites"]),
               "pin": source.split("/")[0]}
     return dataclasses.replace(cfg, config=config, search=None), {"from": "search", **facts}
+
+
+def _unpinned(ctx, cfg: Config, base: dict) -> tuple[Config, dict]:
+    """No config ranked: the config a model without a pin gets (`default` of the search dict,
+    compilers/config_choice.py UNPINNED), or the base flags when there is none or it has no flag
+    and its rewrites find nothing to rewrite in this model (the bytes of the base)."""
+    default = cfg.search.get("default")
+    plain = dataclasses.replace(cfg, search=None)
+    if not default:
+        return plain, base
+    if not default["flags"]:
+        import onnx  # onnx: 1.5 s, not needed by doit list
+        _, done = rewritten(onnx.load(str(ctx.input("model"))), default["rewrites"])
+        if not any(d["nodes"] for d in done):
+            return plain, base
+    return (dataclasses.replace(plain, config={**default, "pin": None}),
+            {**base, "from": "default",
+             "why": f"{base['why']}: {default['name']}, the config of a model without a pin "
+                    f"(docs/configs.md)"})
 
 
 def _compile(ctx, cfg: Config, config: dict, mlir: Path, vmfb: Path):
@@ -352,11 +375,12 @@ def _search(project, model, target, abi) -> dict | None:
     choice = decide(project, model, target, abi)
     if choice is None or choice["from"] == "pin":
         return None
+    default = {"default": choice["default"]} if choice.get("default") else {}
     if choice["from"] == "base":
-        return {"from": "base", "why": choice["why"]}
+        return {"from": "base", "why": choice["why"], **default}
     source, source_abi = choice["source"]
     return {"from": "search", "source": f"{source.name}/{source_abi.name}",
-            "configs": choice["configs"],
+            "configs": choice["configs"], **default,
             "ranking": ranking_file(project.layout, source.name, model.name, source_abi.name)}
 
 

@@ -15,6 +15,7 @@ import pytest
 from pipeline.bench.config_search import bounded, fits
 from pipeline.bench.measure import variant_rows, variant_table
 from pipeline.bench.report import verdicts_html
+from pipeline.compilers import config_choice
 from pipeline.core.layout import coverage_file
 from pipeline.core.errors import PipelineError
 from pipeline.graph import load_project
@@ -225,3 +226,99 @@ def test_a_variant_slower_than_fp32_says_so_in_the_bench_summary():
     assert not [l for l in variant_table([fast]) if "SLOWER" in l]
     assert "SLOWER than its fp32 build" in verdicts_html([slow, fast])
     assert verdicts_html([fast]) == ""
+
+
+# ----------------------------------------------------------------------------- no pin, no ranking
+def _depthwise_onnx(path: Path, depthwise: bool) -> Path:
+    """x[1, 4, 6, 6] -> Conv 3x3 (depthwise: group 4; else dense 4 -> 4) -> y"""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.ones((4, 1 if depthwise else 4, 3, 3), np.float32)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                            group=4 if depthwise else 1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [numpy_helper.from_array(w, "W")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+def test_the_unpinned_config_is_declared_where_it_is_set():
+    host = load_project(REPO / "models", REPO / "artifacts", "host").targets[0]
+    abi = next(a for a in host.abis if a.name == "cpu-x86_64")
+    if config_choice.UNPINNED is None:
+        assert config_choice.unpinned(abi) is None
+    else:
+        assert config_choice.unpinned(abi)["name"] == config_choice.UNPINNED
+
+
+def test_a_model_without_a_pin_gets_the_unpinned_config_and_pinned_models_keep_their_keys(
+        tmp_path, monkeypatch):
+    """The config a model with no pin gets when no search ranked one (config_choice.UNPINNED):
+    on the host ABI only (a follower takes a config from a pin only), in the step's key; the
+    default models' compile steps (pinned) are the very same steps with or without it."""
+    def keys(project):
+        return {s.name: s.config for s in iree_compile.steps(project)}
+    pinned_before = {t: keys(_project(REPO / "models", tmp_path / "a", t)) for t in ("host", "rk3588")}
+    monkeypatch.setattr(config_choice, "UNPINNED", "dw-slices")
+    for target, before in pinned_before.items():
+        assert keys(_project(REPO / "models", tmp_path / "a", target)) == before
+    models = tmp_path / "models"
+    add_tiny_model(models, "tiny")
+    off = _project(models, tmp_path / "artifacts", "host", 0)
+    (host,) = [s for s in iree_compile.steps(off) if s.name == "host/tiny/cpu-x86_64"]
+    assert host.cfg.search["default"] == {"name": "dw-slices", "flags": [],
+                                          "rewrites": ["depthwise_conv_as_slices"]}
+    on = _project(models, tmp_path / "artifacts", "host")
+    (x86,) = [s for s in iree_compile.steps(on) if s.name == "host/tiny/cpu-x86_64"]
+    assert x86.cfg.search["from"] == "search" and x86.cfg.search["default"]["name"] == "dw-slices"
+    arm_project = _project(models, tmp_path / "artifacts", "rk3588", 0)
+    (arm,) = [s for s in iree_compile.steps(arm_project) if s.name == "rk3588/tiny/cpu-aarch64"]
+    assert "default" not in arm.cfg.search
+
+
+DEFAULT = {"name": "dw-slices", "flags": [], "rewrites": ["depthwise_conv_as_slices"]}
+
+
+def _cfg(search):
+    return iree_compile.Config(
+        compiler="iree", backend="llvm-cpu", flags=("--iree-opt-data-tiling",), entry="main",
+        arch="x86_64", triple="x86_64-linux-gnu", cpu="x86-64-v3", cpu_features=(), search=search)
+
+
+@pytest.mark.parametrize("depthwise", [True, False])
+def test_search_0_builds_the_unpinned_config_where_it_rewrites_something(tmp_path, depthwise):
+    model = _depthwise_onnx(tmp_path / "model.onnx", depthwise)
+    ctx = SimpleNamespace(input=lambda name: model)
+    why = "no pin in the model folder, and search=0: the build searched no config"
+    chosen, origin = iree_compile._chosen(ctx, _cfg({"from": "base", "why": why, "default": DEFAULT}))
+    assert chosen.search is None
+    if depthwise:
+        assert chosen.config == {**DEFAULT, "pin": None}
+        assert origin == {"from": "default", "why": f"{why}: dw-slices, the config of a model "
+                                                    f"without a pin (docs/configs.md)"}
+    else:  # nothing to rewrite: the base, as compile.json said before (the same bytes)
+        assert chosen.config is None and origin == {"from": "base", "why": why}
+    # no default: the base flags
+    chosen, origin = iree_compile._chosen(ctx, _cfg({"from": "base", "why": why}))
+    assert chosen.config is None and origin == {"from": "base", "why": why}
+
+
+@pytest.mark.parametrize("ranking,expect", [
+    (_ranking("default", ["default", "o3"], ["default"], ["o3"]), "default"),
+    (_ranking(None, ["default", "o3"], [], ["default", "o3"]), "default"),
+    (_ranking(None, ["default", "o3"], []), "base"),      # nothing validated: the base flags
+    (_ranking("o3", ["default", "o3"], ["o3", "default"]), "search"),
+])
+def test_a_search_out_of_budget_falls_back_to_the_unpinned_config(tmp_path, ranking, expect):
+    model = _depthwise_onnx(tmp_path / "model.onnx", True)
+    path = tmp_path / "ranking.json"
+    path.write_text(json.dumps(ranking))
+    ctx = SimpleNamespace(input=lambda name: model if name == "model" else path)
+    chosen, origin = iree_compile._chosen(ctx, _cfg({
+        "from": "search", "source": "host/cpu-x86_64", "default": DEFAULT,
+        "configs": [{"name": "o3", "flags": ["--iree-opt-level=O3"], "rewrites": []}]}))
+    assert origin["from"] == expect and chosen.search is None
+    assert (chosen.config or {}).get("name") == {"default": "dw-slices", "base": None,
+                                                 "search": "o3"}[expect]
