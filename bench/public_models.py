@@ -176,6 +176,7 @@ def main(argv=None) -> int:
             outcomes = merge_results(args.results, outcomes)
         if args.write:
             args.write.write_text(f"<!-- {head} -->\n" + family_tables(outcomes))
+            args.write.with_suffix(".build.log").write_text(built.stdout + built.stderr)
             print(f"\nwrote {args.write}")
         if not doc and not args.corpus:
             _, report = doit(ws, "coverage", f"target={args.target}", f"targets={targets}")
@@ -284,9 +285,10 @@ def _result(artifacts: Path, target: str, name: str) -> dict:
 
 
 def _stopped(name: str, output: str) -> str:
+    """The first error line naming the model (`[model=NAME ... stage=S] ...`, prefixed or not)."""
     for line in output.splitlines():
-        if line.startswith(f"[model={name} "):
-            return "stopped: " + line[:220].replace("|", "/")
+        if f"model={name} " in line and "stage=" in line and "no licence given" not in line:
+            return "stopped: " + line[max(line.find("["), 0):][:220].replace("|", "/")
     return "not built"
 
 

@@ -174,3 +174,10 @@ def test_results_of_batches_add_up_and_a_rerun_replaces_a_model(tmp_path):
     got = public_models.merge_results(path, [outcome("a", "f", "validated", abis=["cpu"]),
                                              outcome("c", "g", "import")])
     assert {o["name"]: o["stage"] for o in got} == {"a": "validated", "b": "validated", "c": "import"}
+
+
+def test_the_stop_line_is_found_prefixed_or_not_and_licence_warnings_are_not_stops():
+    out = ("modelyard: warning: [model=m stage=new] no licence given: ...\n"
+           "TaskError - taskid:build\nmodelyard: [model=m target=host stage=import] 2 subgraphs\n")
+    assert public_models._stopped("m", out) == "stopped: [model=m target=host stage=import] 2 subgraphs"
+    assert public_models._stopped("other", out) == "not built"
