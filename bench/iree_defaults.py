@@ -82,7 +82,6 @@ PUBLIC = {
 
 # ----------------------------------------------------------------------------- generated graphs
 def _graph(nodes, inputs: dict, outputs: list[str], inits: dict, name: str):
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     graph = helper.make_graph(
         nodes, name, [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in inputs.items()],
@@ -294,9 +293,11 @@ def measure_model(project, model, target, abi, configs: list[str], repeats: int,
     for r in range(repeats if timed else 0):
         measured = _time(layout, model, target, timed, window, lambda line: None)
         p50 = {row.get("config") or row["abi"]: row["p50_ms"] for row in measured["artifacts"]}
-        ort = p50.pop("onnxruntime")
+        low = {row.get("config") or row["abi"]: row["min_ms"] for row in measured["artifacts"]}
+        ort, ort_min = p50.pop("onnxruntime"), low.pop("onnxruntime")
         rounds.append({"onnxruntime_ms": ort, "rounds": measured["rounds"],
-                       "ratio": {k: v / ort for k, v in p50.items()}})
+                       "ratio": {k: v / ort for k, v in p50.items()},
+                       "min_ratio": {k: v / ort_min for k, v in low.items()}})
         say(f"[defaults] {model.name}: timing {r + 1}/{repeats}: onnxruntime {ort:.3f} ms, "
             + ", ".join(f"{k} {v / ort:.2f}x" for k, v in p50.items()))
     for name, record in results.items():
@@ -305,6 +306,8 @@ def measure_model(project, model, target, abi, configs: list[str], repeats: int,
         if values:
             record["ratios"] = [round(v, 4) for v in values]
             record["ratio"] = round(statistics.median(values), 4)
+            record["min_ratio"] = round(statistics.median(t["min_ratio"][source] for t in rounds
+                                                          if source in t["min_ratio"]), 4)
             base = [t["ratio"][source] / t["ratio"]["default"] for t in rounds
                     if "default" in t["ratio"] and source in t["ratio"]]
             if base:
@@ -357,7 +360,22 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="timing window per repeat")
     parser.add_argument("--workspace", type=Path, default=None, help="reuse (or make) this folder")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tables-from", nargs="*", type=Path, default=None,
+                        help="print the tables of earlier --json files (merged) and exit")
     args = parser.parse_args(argv)
+    if args.tables_from:
+        figures, configs = {}, []
+        for path in args.tables_from:
+            doc = json.loads(path.read_text())
+            for model, body in doc["models"].items():  # a later run's config replaces an earlier's
+                if model in figures:
+                    figures[model]["candidates"].update(body["candidates"])
+                    figures[model]["onnxruntime_ms"] += body["onnxruntime_ms"]
+                else:
+                    figures[model] = body
+            configs += [c for c in doc["configs"] if c not in configs]
+        print("\n".join(tables(figures, args.configs or configs)))
+        return 0
     names = args.only or list(GENERATED) + list(PUBLIC)
     configs = args.configs or list(CANDIDATES)
     if configs[0] != "default":
