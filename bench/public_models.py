@@ -289,6 +289,13 @@ def _stopped(name: str, output: str) -> str:
     for line in output.splitlines():
         if f"model={name} " in line and "stage=" in line and "no licence given" not in line:
             return "stopped: " + line[max(line.find("["), 0):][:220].replace("|", "/")
+    lines = output.splitlines()  # no PipelineError: a raw traceback in a step (a bug to report)
+    for i, line in enumerate(lines):
+        task = re.match(rf"TaskError - taskid:([a-z_]+):(?:[^/]+/)?{re.escape(name)}$", line.strip())
+        if task:
+            last = next((t for t in lines[i + 1:] if re.match(r"^\w*(Error|Exception)\b", t)), "?")
+            return (f"stopped: [model={name} stage={task.group(1)}] a traceback, not a PipelineError: "
+                    f"{last[:160]}").replace("|", "/")
     return "not built"
 
 

@@ -181,3 +181,12 @@ def test_the_stop_line_is_found_prefixed_or_not_and_licence_warnings_are_not_sto
            "TaskError - taskid:build\nmodelyard: [model=m target=host stage=import] 2 subgraphs\n")
     assert public_models._stopped("m", out) == "stopped: [model=m target=host stage=import] 2 subgraphs"
     assert public_models._stopped("other", out) == "not built"
+
+
+def test_a_step_that_died_in_a_traceback_is_named_by_its_task():
+    out = ("TaskError - taskid:import:mel_tflite\nPythonAction Error\nTraceback (most recent call last):\n"
+           '  File "x.py", line 1, in run\nRuntimeError: Node number 3 (CONV_2D) failed to prepare.\n')
+    got = public_models._stopped("mel_tflite", out)
+    assert got == ("stopped: [model=mel_tflite stage=import] a traceback, not a PipelineError: "
+                   "RuntimeError: Node number 3 (CONV_2D) failed to prepare.")
+    assert public_models.error_class("import", [got]).startswith("import: a traceback")
