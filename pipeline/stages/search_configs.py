@@ -44,7 +44,7 @@ WINDOW = {"warmup": 2, "rounds": 40, "seconds": 15.0}  # the timing at the end, 
 # default's p50 over the four searched default models (models/*/configs/host.yaml, December 2026:
 # face_landmark, ppocr_cls, ppocr_cls.48x320, ppocr_det). A config not listed comes after these,
 # in declared order; "default" (the baseline) always comes first.
-PRIORITY = ("o3-dw-chunks", "dw-chunks", "o3-all-rewrites", "all-rewrites",
+PRIORITY = ("loops", "dw-chunks-loops", "o3-dw-chunks", "dw-chunks", "o3-all-rewrites", "all-rewrites",
             "upsample-nearest-dw-slices", "o3-im2col-dw-slices", "dw-slices", "im2col-dw-slices",
             "upsample-d2s-dw-slices", "o3-upsample-d2s", "upsample-d2s", "o3", "im2col",
             "o3-im2col", "conv-dt")

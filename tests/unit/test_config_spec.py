@@ -79,7 +79,7 @@ def test_configs_are_data_with_an_implicit_default(tmp_path):
     real = {t: load_target(t) for t in ("host", "rk3588")}
     x86 = next(a for a in real["host"].abis if a.name == "cpu-x86_64")
     arm = next(a for a in real["rk3588"].abis if a.name == "cpu-aarch64")
-    assert 3 <= len(x86.configs) <= 16 and arm.configs_from == "host/cpu-x86_64"
+    assert 3 <= len(x86.configs) <= 24 and arm.configs_from == "host/cpu-x86_64"
     assert [c["name"] for c in arm.configs] == [c["name"] for c in x86.configs]
     assert "configs" not in x86.compile_config()  # candidates are not part of a build's key
 
