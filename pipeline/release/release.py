@@ -298,7 +298,8 @@ def runtime_bundle(project, target_spec, doc: dict, ship: dict, **where) -> list
             unpacked = scratch / arch / name  # its mode as the runtime stage packed it (0755: bin/)
             ship[dest] = Ship(unpacked, built["files"][name]["sha256"],
                               EXECUTABLE if unpacked.stat().st_mode & 0o100 else REGULAR)
-            if (name.startswith("lib/lib") and ".so" in name) or name.startswith("bin/"):
+            if (name.startswith("lib/lib") and (".so" in name or name.endswith(".a"))) \
+                    or name.startswith("bin/"):  # the static library holds IREE and cJSON too
                 components.append({"path": dest, "sha256": built["files"][name]["sha256"], "arch": arch})
         doc["runtime"][arch] = {"lib": f"runtime/{arch}/lib", "bin": f"runtime/{arch}/bin/modelyard-run",
                                 "include": "runtime/include", "iree": built["iree"],

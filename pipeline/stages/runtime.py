@@ -83,7 +83,8 @@ def source_inputs(arch: str) -> dict[str, Path]:
     inputs = {f"third_party/{p.name}": p for p in sorted(THIRD_PARTY.iterdir())
               if p.suffix == ".xz" or p.name in ("iree-pr24736.patch", "sources.json")}
     inputs.update({f"runtime/{p.relative_to(SOURCE).as_posix()}": p
-                   for p in sorted(SOURCE.rglob("*")) if p.is_file() and "__pycache__" not in p.parts})
+                   for p in sorted(SOURCE.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+                   and p.relative_to(SOURCE).parts[0] != "tests"})  # the C tests: not in the build
     root = tvm_root(arch)
     if root is not None:
         inputs["tvm/libtvm_runtime.so"] = root / "tvm" / "lib" / "libtvm_runtime.so"

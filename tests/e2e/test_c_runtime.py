@@ -136,6 +136,8 @@ def test_bundle_layout_sbom_and_verify(releases):
     by_name = {c["name"]: c for c in sbom["components"]}
     lib = by_name["runtime/aarch64/lib/libmodelyard.so"]
     assert lib["hashes"][0]["content"] == hashlib_sha256(rel / "runtime/aarch64/lib/libmodelyard.so")
+    static = by_name["runtime/aarch64/lib/libmodelyard.a"]  # it links IREE and cJSON in too
+    assert static["hashes"][0]["content"] == hashlib_sha256(rel / "runtime/aarch64/lib/libmodelyard.a")
     assert "b48a5955575cf8924ffc191f3b0804976e5738b9" in by_name["iree-runtime"]["purl"]
     manifest = json.loads((rel / "manifest.json").read_text())["files"]
     assert "runtime/aarch64/bin/modelyard-run" in manifest and "tests/alpha/output_0.npy" in manifest
