@@ -23,23 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .control_flow import _const, _np, _rng  # the same small-graph helpers
+
 INT64_MAX = 2 ** 63 - 1
-
-
-def _np():
-    import numpy as np
-    return np
-
-
-def _rng():
-    return _np().random.default_rng(0)
-
-
-def _const(name: str, value, dtype=None):
-    from onnx import helper, numpy_helper
-    array = _np().array(value, dtype=dtype)
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name),
-                            name=name)
 
 
 def _w(name: str, *shape, scale=0.3, offset=0.0):
