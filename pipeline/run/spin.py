@@ -105,6 +105,7 @@ class Watcher:
     demoted: set = field(default_factory=set)
     restored: set = field(default_factory=set)
     failed: str = ""
+    last: dict = field(default_factory=dict)  # the latest sample of every thread
 
     def __post_init__(self):
         self._stop = threading.Event()
@@ -131,6 +132,7 @@ class Watcher:
                 if _policy_of(tid) == os.SCHED_IDLE and self._policy(tid, os.SCHED_OTHER):
                     self.restored.add(tid)
             history.append((time.monotonic(), now))
+            self.last = now
             while len(history) > 2 and history[-1][0] - history[1][0] >= self.window:
                 history.pop(0)
             for tid in spinning(history, self.window, self.busy, self.waits) - spared:
@@ -147,6 +149,10 @@ class Watcher:
         except PermissionError as exc:
             self.failed = self.failed or f"thread {tid}: {exc}"
             return False
+
+    def spin_cpu(self) -> float:
+        """CPU seconds the demoted threads had used by the last sample (spinning, nearly all)."""
+        return sum(self.last[tid].cpu for tid in self.demoted if tid in self.last)
 
     def describe(self) -> str:
         """One line for the log: what was demoted, given back, refused."""

@@ -109,3 +109,22 @@ def test_the_watcher_demotes_the_spinner_and_gives_back_what_inherits_it():
     assert sleeper in watcher.restored, watcher.describe()
     assert watcher.describe().startswith(f"spin watcher: 1 spinning thread(s) demoted to "
                                          f"SCHED_IDLE ({spinner})")
+    assert watcher.spin_cpu() > 0  # the demoted spinner's CPU time, from the last sample
+
+
+def test_the_split_line_iree_run_writes_is_what_build_time_reads(tmp_path):
+    from bench.build_time import split_table, vulkan_split
+    from pipeline.run.iree_run import split_line
+
+    logs = tmp_path / "logs" / "validate"
+    logs.mkdir(parents=True)
+    (logs / "rk3588_m_vulkan-baseline.log").write_text(
+        "$ python -m pipeline.run.iree_run ...\n"
+        + split_line({"load": 12.5, "run": 0.75}, 3.25) + "\n"   # lavapipe
+        + split_line({"load": 1.5, "run": 0.25}, 0.0) + "\n")    # run.also: a second driver
+    (logs / "host_m_cpu-x86_64.log").write_text("$ python -m pipeline.run.iree_run ...\n")
+    split = vulkan_split(tmp_path)
+    assert split == {"rk3588_m_vulkan-baseline": (14.0, 1.0, 3.25)}  # CPU runs have no line
+    table = split_table({"cold": split, "warm shaders": {}})
+    assert "| rk3588_m_vulkan-baseline | 14.0 / 1.0 / 3.2 | - |" in table
+    assert "| total | 14.0 / 1.0 / 3.2 | 0.0 / 0.0 / 0.0 |" in table
