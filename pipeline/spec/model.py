@@ -9,6 +9,7 @@ file and the key, before anything is built. A source's signature is read without
 from __future__ import annotations
 
 import difflib
+import hashlib
 import fnmatch
 import json
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from .calibration import PreprocessingDoc
 from .common import (NAME_RE, Doc, Says, Tolerance, ToleranceDoc, as_list, display, inside,
                      links_out, one_or_many, read_yaml, validate)
 from .npu import NpuModelDoc
+from .postprocess import VERSION as POSTPROCESS_VERSION
+from .postprocess import PostprocessDoc, find_cut
 from .shapes import Shapes
 from .ship import ModelShip
 from .ship import parse_model as parse_ship
@@ -94,6 +97,7 @@ class ModelSpec:
     tvm: dict = field(default_factory=dict, compare=False, hash=False)  # tvm_tune.parse_model()
     ship: dict = field(default_factory=dict, compare=False, hash=False)  # choice.parse_model()
     npu: dict = field(default_factory=dict, compare=False, hash=False)  # {budget_s} when the spec sets it
+    postprocess: dict = field(default_factory=dict, compare=False, hash=False)  # see _postprocess()
 
     @property
     def base(self) -> str:
@@ -240,6 +244,10 @@ class ModelDoc(Doc):
     """target -> {slot: the ABI that ships}, e.g. {rk3588: {cpu: cpu-aarch64-tvm}}"""
     npu: Optional[NpuModelDoc] = None
     """this model's builds for NPU ABIs (RKNN-Toolkit2): its time budget (see docs/npu.md)"""
+    postprocess: Optional[PostprocessDoc] = None
+    """a detector's data-dependent post-processing (NMS, NonZero, TopK with K from data) cut off
+    the artifact and shipped as postprocess.onnx for the host; validated on detections (see
+    docs/postprocess.md)"""
 
 
 def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[ModelSpec] | None, list[str]]:
@@ -264,7 +272,7 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
         if not path.is_file():
             problems.append(f"{where}: license: file not found: {path}")
         licenses.append(path)
-    inputs = []
+    inputs, postprocess = [], {}
     for in_name, body in (doc.inputs or {}).items():
         if body is not None and body.shape is not None and body.dtype is not None:
             test_data = _test_data(body.test_data, folder, f"{where}: inputs.{in_name}", problems)
@@ -284,6 +292,9 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                             f"{signature['error']}")
         elif doc.inputs is not None:
             _check_against_model(signature, declared, inputs, where, problems)
+        if "error" not in signature and doc.postprocess is not None:
+            signature, postprocess = _postprocess(doc.postprocess, source, source_sha, fmt,
+                                                  signature, where, problems, memo_dir)
         if "error" not in signature and tolerance is not None:
             _check_integer_tolerance(signature, tolerance, where, problems)
     release = _release(doc.release, signature, where, problems)
@@ -307,8 +318,37 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                      variants=variants, preprocessing=preprocessing,
                      source_format=source_format(source), external_data=external, tvm=tvm,
                      ship=parse_ship(doc.ship),
-                     npu=doc.npu.model_dump(exclude_none=True) if doc.npu else {})
+                     npu=doc.npu.model_dump(exclude_none=True) if doc.npu else {},
+                     postprocess=postprocess)
     return expand_shapes(spec, shape_variants), []
+
+
+def _postprocess(doc: PostprocessDoc, source: Path, sha256: str, fmt: str, signature: dict,
+                 where: str, problems: list, memo_dir: Path | None) -> tuple[dict, dict]:
+    """(the signature the artifact has, the cut) for `postprocess:`: the artifact's outputs are
+    the cut tensors (golden, validate and release read them from the signature), the model's own
+    outputs move to `postprocess_outputs`. The cut is found in the graph (spec/postprocess.py),
+    memoised by the source's sha256 and the spec's cut."""
+    pw = f"{where}: postprocess"
+    if fmt != "onnx":
+        problems.append(f"{pw}: cutting the post-processing is for ONNX sources; this one is "
+                        f"{fmt} (convert it to ONNX, or cut it before conversion)")
+        return signature, {}
+    named = None if doc.cut == "auto" else list(doc.cut)
+    key = hashlib.sha256(canonical_json({"source": sha256, "cut": named}).encode()).hexdigest()
+
+    def compute():
+        import onnx  # onnx: 1.5 s, only for specs with postprocess (memoised)
+        return find_cut(onnx.load(str(source)), named)
+    found = _memoised(memo_dir, "postprocess", key, POSTPROCESS_VERSION, compute)
+    if "error" in found:
+        problems.append(f"{pw}.cut: {found['error']}")
+        return signature, {}
+    outputs = [dict(c, dims=[d if d is not None else "?" for d in c["dims"]]) for c in found["cut"]]
+    return ({**signature, "outputs": outputs, "postprocess_outputs": signature["outputs"]},
+            {"cut": [c["name"] for c in found["cut"]], "outputs": found["outputs"],
+             "inputs": found["inputs"], "ops": found["ops"], "iou": doc.iou,
+             "score_abs": doc.score_abs, "auto": named is None})
 
 
 INTEGER_DTYPES = ("int64", "int32", "int8", "uint8", "int16", "uint16", "uint32", "uint64")
