@@ -102,13 +102,16 @@ def _via_tflite_onnx(model: Path, out: Path, log: Path | None, tmp: Path) -> Non
 TFLITE_ROUTES = {NNEF_TOOLS_TFLITE: _via_nnef_tools, DIRECT_TFLITE: _via_tflite_onnx}
 
 
-def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> dict:
+def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None,
+            check_shapes: dict | None = None) -> dict:
     """Convert a TFLite file or NNEF folder to ONNX at `out`. A TFLite file is first rewritten where
     it must be (tflite_rewrite: fused activations nnef-tools would lose, sparse weights densified,
     known custom ops as builtins), each rewrite checked with LiteRT; then the routes of ROUTES are
     tried in order, each conversion run in onnxruntime against LiteRT (match_litert), the first
     that passes used. Returns {"route": used, "attempts": [every route tried: status, reason or
-    check], "rewrites": [...]}; raises ConversionError naming each route's reason."""
+    check], "rewrites": [...]}; raises ConversionError naming each route's reason. `check_shapes`
+    (input name -> dims, the spec's) is the shape the check runs at where an input has dynamic
+    dims (a [-1, -1] input may not run at 1x1: a CONV_2D over it fails to prepare in LiteRT)."""
     if fmt == "nnef":
         _nnef_to_onnx(source, out, log)
         _clean_onnx(out, read_signature(source))
@@ -134,7 +137,7 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None) -> dict:
                 TFLITE_ROUTES[route](model, attempt, log, Path(tmp))
                 _clean_onnx(attempt, signature)
                 _same_interface(signature, attempt)
-                check = match_litert(source, attempt, signature)
+                check = match_litert(source, attempt, signature, check_shapes)
             except ConversionError as exc:
                 attempts.append({"route": route, "status": "failed", "reason": str(exc)})
                 _note(log, f"route {route} failed: {exc}")
@@ -168,13 +171,14 @@ def _same_interface(signature: dict, converted: Path) -> None:
         raise ConversionError(f"the conversion's interface differs from the source's: {'; '.join(problems)}")
 
 
-def check_inputs(signature: dict, seed: int = CHECK_SEED) -> dict:
-    """One seeded input per source input (dynamic dims as 1): floats uniform in 0..1, 8-bit
-    integers over their whole range, other integers and booleans zero."""
+def check_inputs(signature: dict, seed: int = CHECK_SEED, shapes: dict | None = None) -> dict:
+    """One seeded input per source input (at its shape in `shapes` where given, else dynamic dims
+    as 1): floats uniform in 0..1, 8-bit integers over their whole range, other integers and
+    booleans zero."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
-    rng, arrays = np.random.default_rng(seed), {}
+    rng, arrays, shapes = np.random.default_rng(seed), {}, shapes or {}
     for i in signature["inputs"]:
-        dims, dtype = [d or 1 for d in i["dims"]], np.dtype(i["dtype"])
+        dims, dtype = list(shapes.get(i["name"]) or [d or 1 for d in i["dims"]]), np.dtype(i["dtype"])
         if dtype.kind == "f":
             arrays[i["name"]] = rng.uniform(0, 1, dims).astype(dtype)
         elif dtype in (np.uint8, np.int8):
@@ -185,14 +189,18 @@ def check_inputs(signature: dict, seed: int = CHECK_SEED) -> dict:
     return arrays
 
 
-def match_litert(source: Path, converted: Path, signature: dict) -> dict:
+def match_litert(source: Path, converted: Path, signature: dict, shapes: dict | None = None) -> dict:
     """Run the conversion in onnxruntime and the source in LiteRT (tflite_run, the golden reference)
-    on check_inputs; raises ConversionError if onnxruntime cannot run it or an output differs
-    beyond the gate (MATCH_RELATIVE, MATCH_STEPS). Returns the figures."""
+    on check_inputs (at `shapes` where given); raises ConversionError if LiteRT or onnxruntime
+    cannot run it or an output differs beyond the gate (MATCH_RELATIVE, MATCH_STEPS). Returns the
+    figures."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
     import onnxruntime as ort  # onnxruntime: 0.2 s, not needed by doit list
-    arrays = check_inputs(signature)
-    want = tflite_run(source, arrays)
+    arrays = check_inputs(signature, shapes=shapes)
+    try:
+        want = tflite_run(source, arrays)
+    except LiteRTError as exc:
+        raise ConversionError(f"{exc}; the conversion cannot be checked against it") from None
     try:
         options = ort.SessionOptions()
         options.log_severity_level = 3  # its refusal is reported below, not logged twice
@@ -214,7 +222,8 @@ def match_litert(source: Path, converted: Path, signature: dict) -> dict:
                                   f"{scale:.3g}, allowed {bound:.3g}) on the seeded check input")
         if err >= worst["max_abs"]:
             worst = {"output": name, "max_abs": err, "max_ref": scale}
-    return {"against": "litert (source)", "seed": CHECK_SEED, **worst}
+    return {"against": "litert (source)", "seed": CHECK_SEED,
+            "shapes": {k: list(v.shape) for k, v in arrays.items()}, **worst}
 
 
 def _nnef_identifier(name: str) -> str:
@@ -274,6 +283,11 @@ def io_mismatches(signature: dict, converted: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- golden
+class LiteRTError(RuntimeError):
+    """LiteRT refused to run a TFLite model (resize, allocate or invoke): the message says which
+    step, at which input shapes, and LiteRT's own reason. A RuntimeError, as LiteRT's own are."""
+
+
 def tflite_run(path: Path, arrays: dict) -> dict:
     """The TFLite interpreter (LiteRT, builtin reference-delegate-free kernels, 1 thread) on named
     inputs. A model with a custom op that tflite_rewrite knows runs with that op rewritten into
@@ -281,20 +295,32 @@ def tflite_run(path: Path, arrays: dict) -> dict:
     against); a model with resource variables runs with them as explicit state inputs and outputs
     (tflite_state: `arrays` gives the state, the outputs include the next one; the import stage
     checked that rewrite against the original over consecutive calls); any other model runs as it
-    is."""
+    is. Each input is resized to its array's shape before the tensors are allocated; LiteRT's
+    refusals (a kernel that fails to prepare at that shape, a wrong dtype) raise LiteRTError."""
     # LiteRT: 0.1 s, not needed by doit list
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
     data = path.read_bytes()
     if tflite_state.stateful(data):
         data = tflite_state.explicit_state(data)[0]
     data, _ = tflite_rewrite.rewrite(data, only_custom=True)
-    interp = Interpreter(model_content=data, num_threads=1,
-                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    for d in interp.get_input_details():
-        if tuple(d["shape"]) != arrays[d["name"]].shape:
-            interp.resize_tensor_input(d["index"], list(arrays[d["name"]].shape), strict=True)
-    interp.allocate_tensors()
-    for d in interp.get_input_details():
-        interp.set_tensor(d["index"], arrays[d["name"]])
-    interp.invoke()
+    shapes = {k: list(getattr(v, "shape", ())) for k, v in arrays.items()}
+    step = "load"
+    try:
+        interp = Interpreter(model_content=data, num_threads=1,
+                             experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        step = "resize the inputs"
+        for d in interp.get_input_details():
+            if tuple(d["shape"]) != arrays[d["name"]].shape:
+                interp.resize_tensor_input(d["index"], list(arrays[d["name"]].shape), strict=True)
+        step = "allocate (prepare every op)"
+        interp.allocate_tensors()
+        step = "set the inputs"
+        for d in interp.get_input_details():
+            interp.set_tensor(d["index"], arrays[d["name"]])
+        step = "invoke"
+        interp.invoke()
+    except (RuntimeError, ValueError) as exc:  # LiteRT's own errors: its reason is the first line
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise LiteRTError(f"LiteRT cannot {step} {path.name} at the input shapes {shapes}: "
+                          f"{reason}") from None
     return {d["name"]: interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()}

@@ -43,15 +43,19 @@ def convert(data: bytes, graph_name: str = "tflite"):
 class _Converter:
     def __init__(self, data: bytes):
         self.model = S.ModelT.InitFromPackedBuf(data, 0)
-        if len(self.model.subgraphs) != 1:
-            raise Unsupported(f"{len(self.model.subgraphs)} subgraphs (control flow): only one-subgraph "
-                              f"models are converted")
-        self.sub = self.model.subgraphs[0]
         self.op_names = {v: k for k, v in vars(S.BuiltinOperator).items() if not k.startswith("_")}
-        self.nodes, self.inits, self.names, self.cache, self.used = [], [], {}, {}, set()
-        for i, t in enumerate(self.sub.tensors):  # unique ONNX names, the TFLite ones where free
+        self.used, self.depth = set(), 0  # every ONNX name, the branches' too (no shadowing)
+        self._enter(self.model.subgraphs[0], {})
+
+    def _enter(self, sub, bound: dict) -> None:
+        """Convert into subgraph `sub` from now on; `bound`: its tensors that are outer ONNX
+        values (a branch's inputs: the IF's operands)."""
+        self.sub, self.nodes, self.inits, self.names, self.cache = sub, [], [], dict(bound), {}
+        for i, t in enumerate(sub.tensors):  # unique ONNX names, the TFLite ones where free
+            if i in bound:
+                continue
             name = t.name.decode() if isinstance(t.name, bytes) else str(t.name)
-            self.names[i] = name if name not in self.used else f"{name}__{i}"
+            self.names[i] = name if name not in self.used else self.fresh(name) if self.depth else f"{name}__{i}"
             self.used.add(self.names[i])
 
     # ------------------------------------------------------------------ building blocks
@@ -177,31 +181,85 @@ class _Converter:
         raise Unsupported(f"fused activation {code} (TANH/SIGN_BIT: tflite_rewrite drops those LiteRT ignores)")
 
     # ------------------------------------------------------------------ run
+    def _convert_op(self, k: int, op, where: str = "") -> None:
+        code = self.model.operatorCodes[op.opcodeIndex]
+        name = self.op_names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "?")
+        handler = getattr(self, f"op_{name}", None)
+        if handler is None:
+            raise Unsupported(f"op {name} ({where}operator #{k}) has no conversion here"
+                              + (" (control flow: only IF is converted)" if name in
+                                 ("WHILE", "CALL", "CALL_ONCE") else ""))
+        try:
+            handler(op, list(op.inputs), list(op.outputs), op.builtinOptions)
+        except Unsupported as exc:
+            if str(exc).startswith("op "):  # raised in a branch: it already names its op
+                raise
+            raise Unsupported(f"op {name} ({where}operator #{k}): {exc}") from None
+
     def run(self, graph_name: str):
         for k, op in enumerate(self.sub.operators):
-            code = self.model.operatorCodes[op.opcodeIndex]
-            name = self.op_names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "?")
-            handler = getattr(self, f"op_{name}", None)
-            if handler is None:
-                raise Unsupported(f"op {name} (operator #{k}) has no conversion here")
-            try:
-                handler(op, list(op.inputs), list(op.outputs), op.builtinOptions)
-            except Unsupported as exc:
-                raise Unsupported(f"op {name} (operator #{k}): {exc}") from None
+            self._convert_op(k, op)
         _cancel_transposes(self.nodes, {self.names[i] for i in self.sub.outputs})
-
-        def info(i):
-            t = self.tensor(i)
-            sig = t.shapeSignature if t.shapeSignature is not None and len(t.shapeSignature) else t.shape
-            dims = [int(d) if int(d) >= 0 else None for d in (sig if sig is not None else [])]
-            return helper.make_tensor_value_info(self.names[i], ONNX_TYPES[t.type], dims)
-
-        graph = helper.make_graph(self.nodes, graph_name, [info(i) for i in self.sub.inputs],
-                                  [info(i) for i in self.sub.outputs], initializer=self.inits)
+        graph = helper.make_graph(self.nodes, graph_name, [self.info(i) for i in self.sub.inputs],
+                                  [self.info(i) for i in self.sub.outputs], initializer=self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                   producer_name="modelyard tflite_onnx")
         model.ir_version = 8
         return model
+
+    def info(self, i: int, name: str | None = None):
+        """The ONNX value info of tensor i (its shape signature: -1 dims free)."""
+        t = self.tensor(i)
+        sig = t.shapeSignature if t.shapeSignature is not None and len(t.shapeSignature) else t.shape
+        dims = [int(d) if int(d) >= 0 else None for d in (sig if sig is not None else [])]
+        return helper.make_tensor_value_info(name or self.names[i], ONNX_TYPES[t.type], dims)
+
+    # ------------------------------------------------------------------ control flow
+    def _branch(self, index: int, operands: list[int], where: str):
+        """TFLite subgraph `index` as the body of an ONNX If branch: its inputs are the IF's
+        operands (outer values, read from the outer scope: an ONNX branch has no inputs), its
+        constants its own initializers, its outputs fresh names (a branch that passes an operand
+        through gets an Identity). Nested IFs convert the same way."""
+        if not 0 < index < len(self.model.subgraphs):
+            raise Unsupported(f"{where} subgraph #{index} does not exist")
+        sub = self.model.subgraphs[index]
+        if len(sub.inputs) != len(operands):
+            raise Unsupported(f"{where} subgraph #{index} takes {len(sub.inputs)} inputs, the IF "
+                              f"gives {len(operands)}")
+        outer = (self.sub, self.nodes, self.inits, self.names, self.cache)
+        bound = {i: self.raw(j) for i, j in zip(sub.inputs, operands)}
+        self.depth += 1
+        try:
+            self._enter(sub, bound)
+            for k, op in enumerate(sub.operators):
+                self._convert_op(k, op, f"{where} subgraph #{index} ")
+            results, infos = [], []
+            for i in sub.outputs:
+                name = self.names[i]
+                if name in bound.values() or name in results:  # an operand passed through
+                    name = self.node("Identity", [name], [self.fresh(f"{where}_out")])
+                results.append(name)
+                infos.append(self.info(i, name))
+            _cancel_transposes(self.nodes, set(results))
+            return helper.make_graph(self.nodes, f"{where}_{index}", [], infos, initializer=self.inits)
+        finally:
+            self.depth -= 1
+            self.sub, self.nodes, self.inits, self.names, self.cache = outer
+
+    def op_IF(self, op, ins, outs, o):
+        """TFLite IF (cond, operands...) -> ONNX If over the two branch subgraphs; the outputs are
+        the outer tensors as stored (a quantized output stays integer: its readers dequantize it).
+        A condition known after binding the inputs is folded later (static: fold-constant-if); one
+        that depends on data stays an If, whose branches must give outputs of one shape."""
+        if self.tensor(ins[0]).type != 6:
+            raise Unsupported("the condition is not a bool tensor")
+        cond = self.node("Reshape", [self.raw(ins[0]), self.constant(np.zeros(0, np.int64), "scalar")])
+        then = self._branch(o.thenSubgraphIndex, ins[1:], "then")
+        other = self._branch(o.elseSubgraphIndex, ins[1:], "else")
+        for k, (a, b) in enumerate(zip(then.output, other.output)):
+            if a.type.tensor_type.elem_type != b.type.tensor_type.elem_type:
+                raise Unsupported(f"output {k}: the branches give different dtypes")
+        self.node("If", [cond], [self.names[i] for i in outs], then_branch=then, else_branch=other)
 
     # ------------------------------------------------------------------ convolutions and pools
     def _pads(self, shape_in, kernel, strides, dilations, padding) -> list[int]:
@@ -309,6 +367,11 @@ class _Converter:
     def op_LESS(self, op, ins, outs, o): self._binary("Less", ins, outs, None)
     def op_GREATER(self, op, ins, outs, o): self._binary("Greater", ins, outs, None)
     def op_EQUAL(self, op, ins, outs, o): self._binary("Equal", ins, outs, None)
+    def op_GREATER_EQUAL(self, op, ins, outs, o): self._binary("GreaterOrEqual", ins, outs, None)
+    def op_LESS_EQUAL(self, op, ins, outs, o): self._binary("LessOrEqual", ins, outs, None)
+
+    def op_NOT_EQUAL(self, op, ins, outs, o):
+        self.define(outs[0], self.node("Not", [self.node("Equal", [self.value(ins[0]), self.value(ins[1])])]))
     def op_LOGICAL_AND(self, op, ins, outs, o): self._binary("And", ins, outs, None)
     def op_LOGICAL_OR(self, op, ins, outs, o): self._binary("Or", ins, outs, None)
     def op_PRELU(self, op, ins, outs, o): self._binary("PRelu", ins, outs, None)

@@ -42,6 +42,7 @@ class Config(StageConfig):
     io: dict | None = None            # ... and its inputs/outputs, which the conversion must keep
     custom_ops: tuple[str, ...] = ()  # ... and its TFLite custom ops (known ones are rewritten: tflite_rewrite.py)
     source_sha256: str | None = None  # the spec's pin: the bytes read must have it (import_step sets it)
+    check_shapes: dict | None = None  # ... with dynamic input dims: the spec's shapes, checked at (to_onnx)
 
     def problems(self):
         if isinstance(self.opset, bool) or not isinstance(self.opset, int) or self.opset < 1:
@@ -62,6 +63,8 @@ class Config(StageConfig):
                        custom_ops=list(self.custom_ops))
         if self.source_sha256 is not None:
             key["source_sha256"] = self.source_sha256
+        if self.check_shapes:
+            key["check_shapes"] = key_value(self.check_shapes)
         return key
 
 
@@ -170,7 +173,7 @@ def _convert(ctx, cfg: Config, source: Path):
     fmt = cfg.format
     converted = ctx.output("model.onnx")  # rewritten below once checked and opset-normalised
     try:  # a TFLite source's custom ops: rewritten into builtins where a rule knows them (tflite_rewrite)
-        conversion = sources.to_onnx(source, fmt, converted, log=ctx.log)
+        conversion = sources.to_onnx(source, fmt, converted, log=ctx.log, check_shapes=cfg.check_shapes)
     except sources.ConversionError as exc:
         if cfg.custom_ops and str(exc).startswith("custom op"):  # refused before any route (tflite_rewrite)
             raise ctx.error(f"the TFLite model uses {exc}", hint="re-export the model with builtin TFLite "
@@ -198,7 +201,9 @@ def import_step(layout, model) -> Step:
     config = Config(opset=model.opset, source_sha256=model.source_sha256) if fmt == "onnx" else Config(
         opset=model.opset, format=fmt, routes=ROUTES[fmt],
         io={k: model.signature[k] for k in ("inputs", "outputs")},
-        custom_ops=tuple(model.signature.get("custom_ops", [])), source_sha256=model.source_sha256)
+        custom_ops=tuple(model.signature.get("custom_ops", [])), source_sha256=model.source_sha256,
+        check_shapes={i.name: list(i.shape) for i in model.inputs} if any(
+            d is None for i in model.signature["inputs"] for d in i["dims"]) else None)
     return Step(stage="import", name=model.name, version=VERSION,  # inputs: every file of the source
                 config=config, inputs=source_files(model.source, model.external_data),
                 outputs=OUTPUTS, out_dir=layout.model_stage(model.name, "import"),
