@@ -21,6 +21,7 @@ from ..core.numerics import make_input
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
 from ..rewrite.contrib_ops import exact_reference
+from ..rewrite.postprocess import cut_file
 from ..rewrite.recurrent import sequence_first
 from ..rewrite.sources import tflite_run
 from ..run.ort import reduced_session, session, variant_feeds
@@ -39,6 +40,7 @@ class Config(StageConfig):
     n_outputs: int                  # the outputs the model's graph declares
     reference: str | None = None    # a TFLite/NNEF source: what runs it (spec.sources.GOLDEN)
     outputs: tuple[str, ...] | None = None  # ... and its output names, in order
+    cut: tuple[str, ...] = ()       # a cut detector (spec postprocess): the tensors it returns
 
     def problems(self):
         if not self.inputs or any(set(i) != {"name", "shape", "dtype", "test_data"} for i in self.inputs):
@@ -56,6 +58,8 @@ class Config(StageConfig):
         key = {"inputs": key_value(self.inputs), "n_outputs": self.n_outputs}
         if self.reference is not None:  # ONNX sources' keys unchanged
             key.update(reference=self.reference, outputs=list(self.outputs))
+        if self.cut:  # the source run up to the cut tensors (rewrite/postprocess.py)
+            key["cut"] = list(self.cut)
         return key
 
 
@@ -100,14 +104,16 @@ def run(ctx) -> None:
             names = cfg.outputs
             results = [got[n] for n in names]
         else:
-            exact = exact_reference(ctx.input("source"), {s["name"]: a.shape for s, a in zip(specs, arrays)})
+            tmp = tempfile.TemporaryDirectory()  # a cut detector's graph up to the cut tensors
+            source = cut_file(ctx.input("source"), cfg.cut, tmp.name) if cfg.cut else ctx.input("source")
+            exact = exact_reference(source, {s["name"]: a.shape for s, a in zip(specs, arrays)})
             try:
-                sess = session(exact[0]) if exact else session(ctx.input("source"))
+                sess = session(exact[0]) if exact else session(source)
             except Exception as exc:  # onnxruntime runs no batch-first LSTM/GRU: the same op
                 if "layout == 1" not in str(exc):  # in layout 0 between Transposes, by the spec
                     raise
                 with tempfile.TemporaryDirectory() as tmp:
-                    sess = session(sequence_first(ctx.input("source"), tmp))
+                    sess = session(sequence_first(source, tmp))
             names = [o.name for o in sess.get_outputs()]
             results = sess.run(None, {s["name"]: a for s, a in zip(specs, arrays)})
     except Exception as exc:
@@ -204,7 +210,7 @@ def golden_step(layout, model) -> Step:
         "reference": GOLDEN[fmt], "outputs": tuple(o["name"] for o in model.signature["outputs"])}
     return Step(stage="golden", name=model.name, version=VERSION,
                 config=Config(inputs=tuple(i.as_dict() for i in model.inputs), n_outputs=n_out,
-                              **reference),
+                              cut=tuple(model.postprocess.get("cut", ())), **reference),
                 inputs=inputs, outputs=outputs_for(len(model.inputs), n_out),
                 out_dir=layout.model_stage(model.name, "golden"),
                 tools=("onnxruntime", "numpy") + (("ai-edge-litert",) if fmt == "tflite" else ()),

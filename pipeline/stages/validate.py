@@ -24,7 +24,7 @@ from ..core.numerics import EPS, compare, describe_failures, summary, tolerance_
 from ..core.steps import StageConfig, Step, abi_step_name, alone, key_value, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import run_tool
-from ..run import shader_packs
+from ..run import detections, shader_packs
 from ..spec.variants import PRECISIONS, variant_model
 
 VERSION = 1
@@ -50,6 +50,7 @@ class Config(StageConfig):
     arithmetic: str | None = None       # the reduced precision the artifact computes in (fp16 |
     #                                     int8): its float bounds follow golden's magnitude
     #                                     (core/numerics.py); None: fp32, the declared bounds
+    detections: dict | None = None      # a cut detector (spec postprocess): {cut, iou, score_abs}
 
     def problems(self):
         if self.compiler not in BY_NAME:
@@ -78,6 +79,8 @@ class Config(StageConfig):
             key["tolerance_from"] = self.tolerance_from
         if self.arithmetic is not None:  # reduced precision (fp32 keys are unchanged)
             key["arithmetic"] = self.arithmetic
+        if self.detections is not None:  # a cut detector: also its detections (others unchanged)
+            key["detections"] = key_value(self.detections)
         return key
 
 
@@ -187,6 +190,14 @@ def run(ctx) -> None:
                                  "does not: compare with its own golden (validation.json)")
     report = {"status": "passed", "executed": executed, "tolerance": cfg.tolerance,
               "outputs": result["outputs"], "shipped_bytes_executed": not twin}
+    if cfg.detections is not None:  # postprocess.onnx on the artifact's and golden's outputs
+        det = cfg.detections
+        report["detections"] = detections.check(ctx.input("postprocess.onnx"), det["cut"], actual,
+                                                *read_golden(ctx), det["iou"], det["score_abs"])
+        if not report["detections"]["passed"]:
+            raise ctx.error(f"detections differ from golden's: {detections.describe(report['detections'])}",
+                            hint="the raw outputs passed; compare the boxes and scores near the "
+                                 "post-processing's thresholds, or loosen postprocess.iou/score_abs")
     if cfg.arithmetic is not None:  # each float row's `tolerance`: the bounds it was held to
         report["arithmetic"] = cfg.arithmetic
     if cfg.tolerance_from is not None:
@@ -240,6 +251,9 @@ def validate_step(layout, model, target, abi, precision: str | None = None) -> S
               **backend.validation_inputs(compiled, len(model.signature["outputs"]))}
     tolerance, tolerance_from = (backend.validation_tolerance(abi, precision)
                                  or (model.tolerance.as_dict(), None))
+    pp = model.postprocess  # a cut detector: its post-processing runs on the outputs
+    if pp:
+        inputs["postprocess.onnx"] = layout.model_stage(model.name, "static") / "postprocess.onnx"
     # what the artifact computes in: a variant's precision, or the ABI's own (the NPU builds an
     # fp32 model in fp16); fp32 otherwise
     arithmetic = precision or getattr(abi, "precision", None)
@@ -252,7 +266,8 @@ def validate_step(layout, model, target, abi, precision: str | None = None) -> S
     return Step(stage="validate", name=abi_step_name(model, target, abi), version=VERSION,
                 config=Config(compiler=backend.name, run=abi.run, entry=ENTRY, backend=abi.backend,
                               tolerance=tolerance, tolerance_from=tolerance_from,
-                              arithmetic=None if arithmetic == "fp32" else arithmetic),
+                              arithmetic=None if arithmetic == "fp32" else arithmetic,
+                              detections={k: pp[k] for k in ("cut", "iou", "score_abs")} if pp else None),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name, "validate"),
                 tools=backend.validation_tools(abi.run), action=run, layout=layout,
