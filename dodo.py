@@ -51,10 +51,10 @@ from pipeline.core.layout import coverage_file
 from pipeline.core.settings import flag, setting
 from pipeline.core.steps import doit_call, doit_task, rerun_stages
 from pipeline.diagnose import bisect
-from pipeline.graph import STAGES, load_project, timeline
+from pipeline.graph import STAGES, coverage_report, load_project, timeline
 from pipeline.graph.scaffold import new_model
 from pipeline.release import cache, release, signing, verify
-from pipeline.stages import accuracy, coverage, tvm_tune
+from pipeline.stages import accuracy, tvm_tune
 
 try:
     PROJECT = load_project(models=get_var("models", "models"),
@@ -151,7 +151,7 @@ def _coverage_report() -> dict:
                                      "the rewrites applied and the ABIs that shipped",
             # a teardown runs once every other task of the command has: the table then shows
             # what this run's coverage steps (and the last build) left on disk
-            "actions": [], "teardown": [(_at_the_end(doit_call), [coverage.doit_report, PROJECT,
+            "actions": [], "teardown": [(_at_the_end(doit_call), [coverage_report.doit_report, PROJECT,
                                                      [s.name for s in STAGES], get_var("target", None)])],
             "uptodate": [False], "verbosity": 2}
 

@@ -47,13 +47,13 @@ from pathlib import Path
 from ..compilers.backends import BY_FORMAT, backend_of
 from ..compilers.builds import (attempt_file, fallback_pair, not_needed, read_attempt, skipped,
                                 unsupported)
+from ..compilers.coverage_table import ops_text
 from ..core.layout import golden_files
 from ..core.steps import StageConfig, Step, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import python_module_argv, run_tool
 from ..run.timing import OnnxruntimeCpuRunner
 from ..spec.ship import POLICIES
-from .coverage import ops_text
 
 VERSION = 1
 OUTPUTS = ("choice.json",)

@@ -28,25 +28,24 @@ verdict was checked.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers import tvm_ops
 from ..compilers.backends import BACKENDS, backend_named
-from ..compilers.builds import attempt_status, proxy_pairs
+from ..compilers.builds import proxy_pairs
+from ..compilers.coverage_table import ops_text
 from ..compilers.iree_backend import IREE
 from ..compilers.iree_compiler import compile_argv, find_compiler, import_argv
 from ..compilers.tvm_backend import TVM
-from ..core.errors import PipelineError
+from ..compilers.tvm_relax import import_onnx
 from ..core.layout import static_model
-from ..core.steps import StageConfig, Step, execute, read_record, where
-from ..core.store import pretty_json, step_key
+from ..core.steps import StageConfig, Step, where
+from ..core.store import pretty_json
 from ..core.tools import distribution_version, python_module_argv, run_tool
+from ..rewrite.bind_shapes import bind_inputs, localize_subgraphs
 from ..spec.sources import ROUTES
-from .static import bind_inputs, localize_subgraphs
-from .tvm_compile import import_onnx
 
 VERSION = 2  # 2: the basis names the table and its test where they now live (pipeline/stages/, tests/e2e/)
 OUTPUTS = ("coverage.json",)
@@ -211,18 +210,6 @@ def _tvm_ops() -> set[str]:
     return tvm_ops.supported_ops(version) or tvm_supported_ops()
 
 
-def ops_text(problems: list[dict]) -> str:
-    """'GRU (2x: direction=bidirectional), Conv (...)', one entry per op."""
-    by_op: dict = {}
-    for p in problems:
-        by_op.setdefault(p["op"], []).append(p["why"])
-    parts = []
-    for op, whys in sorted(by_op.items()):
-        first = whys[0].split(": ", 1)[-1]
-        parts.append(f"{op} ({len(whys)}x: {first})" if len(whys) > 1 else f"{op} ({first})")
-    return ", ".join(parts)
-
-
 # ----------------------------------------------------------------------------- the step
 def run(ctx) -> None:
     """Confirm the prediction where it decides something; fail when no compiler is left."""
@@ -385,191 +372,6 @@ def coverage_step(project, model, target) -> Step:
                 layout=layout, doc="which ops each compiler of the target cannot take",
                 where=where(model, target))
 
-
-
-# ----------------------------------------------------------------------------- the table
-# Per target and model: which stage or compiler stopped it and why, the rewrites applied, the
-# ABIs that shipped (and with which fallback flags). In the manifest (`coverage`, every model
-# shipped: a manifest is written only when every step succeeded) and `doit coverage target=T`
-# (read from what the last build left on disk, failures included).
-SHIPPED, STOPPED, NOT_BUILT = "shipped", "stopped", "not built"  # not built: or out of date
-
-
-def compilers_text(report: dict | None) -> dict:
-    """compiler -> "ok" or "skipped: <ops and why>" from a coverage.json."""
-    return {c: "ok" if e["status"] == "ok" else f"skipped: {ops_text(e['unsupported'])}"
-            for c, e in sorted(((report or {}).get("compilers") or {}).items())}
-
-
-def rewrites_of(*reports: tuple[str, dict | None]) -> list[dict]:
-    """The rewrites recorded by import.json / static.json (`rewrites`), each with its stage."""
-    out = []
-    for stage, report in reports:
-        for r in (report or {}).get("rewrites") or ():
-            out.append({"stage": stage, **(r if isinstance(r, dict) else {"rule": str(r)})})
-    return out
-
-
-def row(shipped: list, compilers: dict, rewrites: list, fallbacks: dict,
-        stopped: dict | None = None, choice: dict | None = None, built: bool = True) -> dict:
-    status = (STOPPED if stopped else SHIPPED if shipped else NOT_BUILT if not built
-              else "nothing to ship")  # e.g. every ABI left out by the spec's skip:
-    out = {"status": status, "shipped": list(shipped), "stopped": stopped, "compilers": compilers,
-           "rewrites": rewrites, "fallbacks": fallbacks}
-    if choice:
-        out["choice"] = choice
-    return out
-
-
-def manifest_table(models: dict, compile_reports: dict, rewrites: dict) -> dict:
-    """The manifest's coverage table from its own model entries; compile_reports: model ->
-    ABI -> compile.json (IREE), for the fallbacks used; rewrites: model -> rewrites_of(...)."""
-    table = {}
-    for name, entry in models.items():
-        fallbacks = {abi: c["fallback"] for abi, c in sorted(compile_reports.get(name, {}).items())
-                     if c.get("fallback")}
-        choice = {slot: c["ships"] for slot, c in (entry.get("choice") or {}).items()}
-        table[name] = row(sorted(entry["artifacts"]), compilers_text({"compilers": entry.get("coverage") or {}}),
-                          rewrites.get(name, []), fallbacks, choice=choice)
-        # what a backend reported inside its own build (RKNN: ops run on the NPU's CPU
-        # fallback, ops it cannot take): coverage facts no op table predicted
-        reported = {abi: {k: c["messages"][k] for k in ("cpu_fallbacks", "unsupported")
-                          if c["messages"].get(k)}
-                    for abi, c in sorted(compile_reports.get(name, {}).items()) if c.get("messages")}
-        reported = {abi: r for abi, r in reported.items() if r}
-        if reported:
-            table[name]["reported"] = reported
-    return table
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _state(step) -> str:
-    """done (outputs on disk under the current key), failed (its last run with the current key
-    failed: the log's first line names the key, no record does), todo, or waiting (an input is
-    missing: an earlier step did not make it)."""
-    try:
-        key = step_key(step.key_parts())
-    except OSError:
-        return "waiting"
-    record = read_record(step)
-    if record and record.get("key") == key:
-        return "done"
-    try:
-        with open(step.log) as f:
-            first = f.readline()
-    except OSError:
-        return "todo"
-    return "failed" if first.strip().endswith(f"key={key}") else "todo"
-
-
-def _why(step) -> str:
-    """Why a failed step failed: it runs again (a failure is never cached), and says it."""
-    try:
-        execute(step)
-    except PipelineError as err:
-        return err.render()
-    return "it succeeded when run again for this report (a flaky step?): build again"
-
-
-def disk_table(project, stage_names: list[str], target) -> dict:
-    """Per model (and precision variant) of the project: its row for `target`, from the steps'
-    states on disk. The first step (in stage order) whose last run failed stopped the model;
-    it is run again to say why."""
-    layout = project.layout
-    mine = [(stage, step) for stage in stage_names if stage != "manifest"
-            for step in project.steps(stage)]
-    names = [(m, m.name) for m in project.models] + [
-        (m, f"{m.name}.{v.name}") for m in project.models for v in m.variants]
-    table = {}
-    for model, name in names:
-        def ours(stage, step):
-            if step.where.get("model") not in (name, model.base if stage == "import" else name):
-                return False
-            t = step.where.get("target")
-            return t is None or t == target.name or t.startswith(f"{target.name}/")
-        steps = [(stage, step) for stage, step in mine if ours(stage, step)]
-        stopped, built, shipped, fallbacks = None, True, [], {}
-        for stage, step in steps:
-            if step.gate is not None and attempt_status(step.gate.attempt) in ("not-needed", "failed"):
-                continue  # a slot's fallback not needed, or a preferred that failed: its fallback says
-            state = _state(step)
-            if state == "failed" and stopped is None:
-                stopped = {"stage": stage, "step": f"{stage}:{step.name}", "why": _why(step)}
-            elif state == "todo" and stopped is None:
-                built = False
-            elif state == "done" and stage == "validate":
-                shipped.append(step.where["target"].split("/", 1)[1])
-            elif state == "done" and stage == IREE.compile_stage and not step.name.endswith("/twin"):
-                fb = (_read(step.out_dir / "compile.json") or {}).get("fallback")
-                if fb:
-                    fallbacks[step.where["target"].split("/", 1)[1]] = fb
-        report = _read(layout.target_model_stage(target.name, name, "coverage") / "coverage.json")
-        choice = _read(layout.target_model_stage(target.name, name, "choose") / "choice.json")
-        rewrites = rewrites_of(("import", _read(layout.model_stage(model.base, "import") / "import.json")),
-                               ("static", _read(layout.model_stage(name, "static") / "static.json")))
-        table[name] = row(sorted(set(shipped)), compilers_text(report), rewrites, fallbacks,
-                          stopped=stopped, built=built and bool(steps),
-                          choice={s: c["ships"] for s, c in ((choice or {}).get("slots") or {}).items()})
-    return table
-
-
-def render(target: str, table: dict) -> str:
-    """The table as text: one line per model, then why each stopped model stopped."""
-    rows = [("MODEL", "STATUS", "SHIPPED", "STOPPED BY", "REWRITES")]
-    for name, r in table.items():
-        shipped = ", ".join(f"{a} (fallback)" if a in r["fallbacks"] else a for a in r["shipped"])
-        stop = r["stopped"]
-        stopped = (f"{stop['stage']}" + (f" ({stop['step'].split('/')[-1]})" if stop["step"].count("/") >= 2 else "")
-                   if stop else "-")
-        names = {}
-        for rw in r["rewrites"]:
-            key = f"{rw['stage']}:{_rule(rw)}"
-            names[key] = names.get(key, 0) + 1
-        rewrites = ", ".join(k if n == 1 else f"{k} x{n}" for k, n in names.items()) or "-"
-        rows.append((name, r["status"], shipped or "-", stopped, rewrites))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [f"coverage of target {target}: {sum(r['status'] == SHIPPED for r in table.values())} "
-             f"of {len(table)} model(s) ship"]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
-    for name, r in table.items():
-        skipped = {c: t for c, t in r["compilers"].items() if t != "ok"}
-        if r["stopped"] or skipped or r["fallbacks"] or r["rewrites"] or r["status"] == NOT_BUILT:
-            lines.append(f"{name}:")
-        for rw in r["rewrites"]:
-            why = f": {rw['why']}" if rw.get("why") else ""
-            lines.append(f"  rewrite {rw['stage']}:{_rule(rw)}{why}"[:300])
-        for c, t in skipped.items():
-            lines.append(f"  {c.upper()} {t}")
-        for abi, fb in r["fallbacks"].items():
-            change = ", ".join([f"without {f}" for f in fb["drop"]] + [f"with {f}" for f in fb["add"]])
-            lines.append(f"  {abi} built with fallback flags ({change}): {fb['why']}; after {fb['after']}")
-        if r["stopped"]:
-            lines.append(f"  stopped by {r['stopped']['step']}:")
-            lines += ["    " + l for l in r["stopped"]["why"].splitlines()]
-        if r["status"] == NOT_BUILT:
-            lines.append(f"  not built yet, or out of date (a spec, input or stage changed since): "
-                         f"run `doit build target={target}`")
-    return "\n".join(lines)
-
-
-def _rule(rewrite: dict) -> str:
-    """A rewrite's name as import.json / static.json record it (`rule`)."""
-    return str(rewrite.get("rule") or rewrite.get("name") or "?")
-
-
-def doit_report(project, stage_names: list[str], only: str | None) -> str:
-    """`doit coverage [target=NAME]`: the coverage table of each loaded target, from disk."""
-    out = []
-    for target in project.targets:
-        if only in (None, target.name):
-            out.append(render(target.name, disk_table(project, stage_names, target)))
-    return "\n\n".join(out)
 
 
 def main(argv=None) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 from ..compilers.backends import backend_named, backend_of
 from ..compilers.builds import (attempt_file, built, fallback_pair, not_needed, read_attempt,
                                 variant_abis, variant_skip_reason)
+from ..compilers.coverage_table import manifest_table, rewrites_of
 from ..core.layout import coverage_file, static_model
 from ..core.numerics import worst_cosine
 from ..core.steps import RECORD, StageConfig, Step, key_value
@@ -39,7 +40,6 @@ from ..core.store import pretty_json, sha256_file
 from ..spec.sources import GOLDEN, ROUTES
 from ..spec.tvm import budget
 from ..spec.variants import PRECISIONS, full_name
-from .coverage import manifest_table, rewrites_of
 
 VERSION = 2  # 2: TVM artifacts, coverage, skipped, choice
 OUTPUTS = ("manifest.json",)

@@ -40,9 +40,10 @@ from ..core.layout import golden_files, read_golden
 from ..core.numerics import compare, describe_failures, summary, tolerance_problems
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
+from ..rewrite.bind_shapes import bind_inputs, localize_subgraphs
 from ..rewrite.contrib_ops import exact_reference
 from ..rewrite.fold import dynamic_tensors, left_control_flow
-from ..rewrite.static_rewrites import Facts, NoRewrite, _dims, apply, fold_constants, subgraphs
+from ..rewrite.static_rewrites import Facts, NoRewrite, _dims, apply, fold_constants
 from ..run.ort import session
 
 # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather
@@ -128,37 +129,6 @@ def constant_shapes(model) -> None:
             if vi is not None:
                 model.graph.value_info.remove(vi)
             model.graph.value_info.append(helper.make_tensor_value_info(node.output[0], elem, shape))
-
-
-def bind_inputs(model, shapes: dict) -> None:
-    """Write the spec's shapes into the graph inputs; drop stale value_info and output dims."""
-    for vi in model.graph.input:
-        if vi.name in shapes:
-            dims = vi.type.tensor_type.shape.dim
-            del dims[:]
-            for size in shapes[vi.name]:
-                dims.add().dim_value = size
-    del model.graph.value_info[:]  # old exports carry -1 dims here that contradict the new shapes
-    for vi in model.graph.output:
-        for d in vi.type.tensor_type.shape.dim:
-            d.Clear()
-
-
-def localize_subgraphs(graph, outer: dict | None = None) -> None:
-    """Give every subgraph its own copies of the outer initializers it reads, and drop the
-    shapes recorded inside it (stale symbolic dims), so that shape inference reaches it."""
-    visible = {**(outer or {}), **{t.name: t for t in graph.initializer}}
-    for sub in subgraphs(graph):
-        del sub.value_info[:]
-        for value in sub.output:
-            value.type.tensor_type.ClearField("shape")
-        defined = ({t.name for t in sub.initializer} | {i.name for i in sub.input}
-                   | {o for n in sub.node for o in n.output})
-        used = {i for n in sub.node for i in n.input if i}
-        for name in sorted(used - defined):
-            if name in visible:
-                sub.initializer.append(visible[name])
-        localize_subgraphs(sub, visible)
 
 
 def drop_unused_initializers(graph) -> None:

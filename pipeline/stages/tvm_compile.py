@@ -24,6 +24,7 @@ from pathlib import Path
 from ..compilers.backend import ENTRY
 from ..compilers.builds import built_abis, proxy_abis
 from ..compilers.tvm_backend import KIND, TVM
+from ..compilers.tvm_relax import Budget, import_onnx
 from ..core.layout import static_model
 from ..core.steps import StageConfig, Step, abi_step_name, key_value, where
 from ..core.store import pretty_json
@@ -33,19 +34,6 @@ from ..spec.tvm import DATABASE, budget
 VERSION = 1
 OUTPUTS = (TVM.artifact, "compile.json")
 TOOLS = ("apache-tvm", "apache-tvm-ffi", "onnx")
-
-
-@dataclass(frozen=True)
-class Budget(StageConfig):
-    """A MetaSchedule budget: trials in all, at most per_task on any one task."""
-    trials: int
-    per_task: int
-
-    def problems(self):
-        for name in ("trials", "per_task"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                yield f"{name} must be a positive integer, got {value!r}"
 
 
 @dataclass(frozen=True)
@@ -161,13 +149,6 @@ def compile_step(project, model, target, abi) -> Step:
 
 
 # ----------------------------------------------------------------------------- the child
-def import_onnx(path: Path):
-    """The static ONNX model as a Relax module (shapes and dtypes from the model itself)."""
-    import onnx  # onnx: 1.5 s, not needed by doit list
-    from tvm.relax.frontend.onnx import from_onnx  # tvm: 2.8 s, not needed by doit list
-    return from_onnx(onnx.load(str(path)))
-
-
 def load_database(folder: Path):
     from tvm.s_tir import meta_schedule as ms  # tvm: 2.8 s, not needed by doit list
     return ms.database.JSONDatabase(

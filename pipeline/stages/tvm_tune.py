@@ -62,6 +62,7 @@ from pathlib import Path
 from ..compilers import tuning_db
 from ..compilers.builds import built_abis, proxy_abis
 from ..compilers.tvm_backend import TVM
+from ..compilers.tvm_relax import Budget, import_onnx
 from ..core.errors import PipelineError
 from ..core.layout import static_model
 from ..core.steps import StageConfig, Step, abi_step_name, execute, where
@@ -69,7 +70,6 @@ from ..core.store import pretty_json, sha256_file
 from ..core.tools import (cpu_model, describe_exit, distribution_version, python_module_argv,
                           run_tool, tail)
 from ..spec.tvm import DATABASE, SHARED_DATABASE_DIR, SHARED_DATABASE_FILES, budget, shared_database
-from .tvm_compile import Budget, import_onnx
 
 VERSION = 1
 OUTPUTS = (*DATABASE, "tune.json")

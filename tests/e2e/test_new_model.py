@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import target_registry, tiny_onnx
 from pipeline.core.errors import PipelineError
 from pipeline.graph.scaffold import bind, new_model
-from pipeline.stages.coverage import manifest_table, render, rewrites_of
+from pipeline.compilers.coverage_table import manifest_table, render, rewrites_of
 from pipeline.spec import load_models
 
 REPO = Path(__file__).resolve().parents[2]

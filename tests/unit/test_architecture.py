@@ -152,6 +152,30 @@ def test_every_stage_module_is_a_stage():
     assert modules == rows, f"in stages/ but not a stage: {sorted(modules - rows)}"
 
 
+def stage_imports(deps: dict[str, set[str]]) -> list[str]:
+    """Imports of one stage module by another (anywhere in it, functions included)."""
+    stages = "pipeline.stages."
+    return sorted(f"{mod} -> {dep}" for mod, targets in deps.items() if mod.startswith(stages)
+                  for dep in targets if dep.startswith(stages) and dep != mod)
+
+
+def test_the_stages_are_peers():
+    """No stage imports another (issue 41 item 3): what two stages share lives a layer below,
+    so that a stage's code digest covers no sibling stage."""
+    found = stage_imports(graph())
+    assert not found, "stage modules importing other stages:\n" + "\n".join(found)
+
+
+def test_the_peer_check_sees_a_sibling_import():
+    mods = set(graph())
+    for source in ("from .static import bind_inputs\n", "def f():\n    from . import static\n",
+                   "from pipeline.stages.static import bind_inputs\n"):
+        deps = {m for m in with_packages("pipeline.stages.coverage",
+                                         imports_in(source, "pipeline.stages.coverage")) if m in mods}
+        assert stage_imports({"pipeline.stages.coverage": deps}) == [
+            "pipeline.stages.coverage -> pipeline.stages.static"], source
+
+
 def test_no_import_cycle():
     deps = graph()
     state, stack, cycles = {}, [], []

@@ -179,7 +179,7 @@ def test_the_simulated_outputs_are_handed_over_only_for_the_shipped_bytes_and_in
 
 def test_the_toolkits_layer_table_becomes_coverage_facts():
     """Lines as RKNN-Toolkit2 2.5.0 prints them (verbose) for ppocr_det: Erf on the CPU fallback."""
-    from pipeline.stages.coverage import manifest_table
+    from pipeline.compilers.coverage_table import manifest_table
     from pipeline.stages.rknn_compile import _messages
     text = "\n".join([
         "\x1b[1;33mW\x1b[0m \x1b[1;33mload_onnx: The config.mean_values is None, zeros will be set for input 0!\x1b[0m",

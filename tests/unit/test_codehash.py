@@ -31,18 +31,6 @@ OWN = {
 PER_ABI = {"iree_compile", "tvm_compile", "rknn_compile", "tvm_tune", "validate", "search_configs"}
 PER_MODEL = {"import", "golden", "static", "quantize", "accuracy"}
 
-# The stages that import a sibling stage today (issue 41 item 3 removes them): an edit of the
-# sibling re-runs these too. A new sibling import fails here; one removed does not.
-SIBLINGS = {
-    "quantize": set(),
-    "golden": set(),
-    "static": {"coverage", "choose", "manifest"},
-    "coverage": {"choose", "manifest"},
-    "tvm_compile": {"tvm_tune", "coverage", "choose", "manifest"},
-    "choose": set(),
-}
-
-
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     """edit(path under pipeline/) -> {(stage, step name)} whose code digest the edit changes."""
@@ -110,14 +98,14 @@ def test_editing_the_tvm_backend_reruns_no_iree_step(matrix):
 
 @pytest.mark.parametrize("stage", sorted(p.stem for p in (codehash.ROOT / "stages").glob("*.py")
                                          if p.stem != "__init__"))
-def test_a_stages_edit_reruns_its_steps_and_those_of_the_stages_that_import_it(matrix, stage):
+def test_a_stages_edit_reruns_its_steps_and_no_other_stages(matrix, stage):
+    """The stages are peers (issue 41 item 3; tests/unit/test_architecture.py: no stage imports
+    another): editing one re-runs its own steps, and `doit search`'s, whose child runs some."""
     name = {s.module.__name__.rsplit(".", 1)[1]: s.name for s in STAGES}.get(stage, stage)
     changed = matrix(f"stages/{stage}.py")
     mine = {k for k in matrix.steps if k[0] == name}
     assert mine <= changed, sorted(mine - changed)
-    allowed = {name} | SIBLINGS.get(stage, set())
-    if stage == "tvm_compile":
-        allowed |= {"tvm_tune"}
+    allowed = {name}
     if stage == "validate" or stage == "iree_compile" or stage == "tvm_tune" or stage == "choose":
         allowed |= {"search_configs"}  # `doit search`'s child builds, validates and times with them
     stray = sorted(k for k in changed if k[0] not in allowed)
