@@ -1,9 +1,8 @@
 """Cut a detector at its last static tensors: the artifact's graph, and the post-processing as a
 small ONNX graph of its own (postprocess.onnx, run on the host).
 
-`split(model, cut)` takes the spec's resolved cut (spec/postprocess.py find_cut: the cut
-tensors, the model outputs the post-processing computes, the graph inputs it reads) and returns
-(static part, post-processing). The static part keeps every graph input (the spec declares them
+`split(model, names)` takes the spec's resolved cut tensors (spec/postprocess.py find_cut)
+and returns (static part, post-processing). The static part keeps every graph input (the spec declares them
 all) and returns the cut tensors, in the cut's order; the post-processing takes the cut tensors
 (then the graph inputs it reads) and returns the model's outputs it computes. Both keep the
 model's opsets, IR version and the initializers they read; nothing is recomputed: onnxruntime on
@@ -54,28 +53,30 @@ def _static(model, names: list[str], infos: dict):
     return static
 
 
-def split(model, cut: dict) -> tuple:
-    """(static part, post-processing) of an onnx ModelProto for a find_cut() result."""
+def split(model, names: list[str]) -> tuple:
+    """(static part, post-processing) of an onnx ModelProto cut at the tensors `names` (the
+    spec's resolved cut: spec/postprocess.py find_cut). The post-processing computes the model's
+    outputs that are not cut tensors."""
     import copy
 
     import onnx  # onnx: 1.5 s, not needed by doit list
     inferred = onnx.shape_inference.infer_shapes(model)
     infos = {vi.name: vi for vi in list(inferred.graph.input) + list(inferred.graph.value_info)
              + list(inferred.graph.output)}
-    names = [c["name"] for c in cut["cut"]]
-    constants = {t.name for t in model.graph.initializer}
-    graph_inputs = [i for i in model.graph.input if i.name not in constants]
+    names = list(names)
+    missing = [n for n in names if n not in infos]
+    if missing:
+        raise ValueError(f"shape inference gives no type for the cut tensor(s) {', '.join(missing)}")
     static = _static(model, names, infos)
-    producer, _, _, inputs = _graph_facts(model)
-    nodes, reads = between(model, names, cut["outputs"], producer, inputs)
-    outputs = {o.name: o for o in model.graph.output}
+    producer, _, constants, inputs = _graph_facts(model)
+    outputs = {o.name: o for o in model.graph.output if o.name not in names}
+    nodes, reads = between(model, names, list(outputs), producer, inputs)
     post = _graph(model, "postprocess", nodes,
                   [copy.deepcopy(infos[n]) for n in names]
-                  + [copy.deepcopy(i) for i in graph_inputs if i.name in reads],
-                  [copy.deepcopy(outputs[o]) for o in cut["outputs"]])
-    for m in (static, post):
-        for kind in ("producer_name", "producer_version", "domain", "model_version"):
-            setattr(m, kind, getattr(model, kind))
+                  + [copy.deepcopy(i) for i in model.graph.input if i.name in reads],
+                  [copy.deepcopy(o) for o in outputs.values()])
+    for kind in ("producer_name", "producer_version", "domain", "model_version"):
+        setattr(post, kind, getattr(model, kind))
     onnx.checker.check_model(static)
     onnx.checker.check_model(post)
     return static, post
@@ -100,3 +101,16 @@ def cut_file(path, names: list[str], folder):
     out = Path(folder) / "cut.onnx"
     onnx.save(static_part(onnx.load(str(path)), list(names)), str(out))
     return out
+
+
+def record(post, names: list[str]) -> dict:
+    """What static.json says of a cut: the cut tensors, what the post-processing reads and
+    returns, its ops."""
+    counts: dict = {}
+    for n in post.graph.node:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return {"file": "postprocess.onnx", "cut": list(names),
+            "inputs": [i.name for i in post.graph.input],
+            "outputs": [o.name for o in post.graph.output], "ops": dict(sorted(counts.items())),
+            "why": "data-dependent post-processing (spec postprocess): run on the host, on the "
+                   "artifact's outputs"}

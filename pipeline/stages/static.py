@@ -41,6 +41,7 @@ from ..core.numerics import compare, describe_failures, summary, tolerance_probl
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
 from ..rewrite.bind_shapes import bind_inputs, localize_subgraphs
+from ..rewrite import postprocess
 from ..rewrite.contrib_ops import exact_reference
 from ..rewrite.fold import dynamic_tensors, left_control_flow
 from ..rewrite.static_rewrites import Facts, NoRewrite, _dims, apply, fold_constants
@@ -59,6 +60,7 @@ class Config(StageConfig):
     inputs: tuple[dict, ...]    # per input: name, shape (every dim bound), dtype
     tolerance: dict             # the simplified model vs golden: max_abs, mean_abs, cosine
     constants: tuple[dict, ...] = ()  # inputs the spec binds to one value: name, value
+    cut: tuple[str, ...] = ()   # a cut detector (spec postprocess): the artifact ends at these
 
     def problems(self):
         if not self.inputs or any(set(i) != {"name", "shape", "dtype"} for i in self.inputs):
@@ -70,6 +72,12 @@ class Config(StageConfig):
                or not isinstance(c["value"], int) for c in self.constants):
             yield "constants must list inputs of the model as {name, value}, value an integer"
         yield from tolerance_problems("tolerance", self.tolerance)
+
+    def as_key(self) -> dict:
+        key = super().as_key()
+        if not self.cut:  # the keys of models with no postprocess are unchanged
+            del key["cut"]
+        return key
 
 
 def constant_value(test_data: dict, dtype: str):
@@ -276,9 +284,12 @@ def _where_inference_stops(model, dynamic: list[str], most: int = 3) -> list[str
 def run(ctx) -> None:
     import onnx  # onnx: 1.5 s, not needed by doit list
 
+    source, post = onnx.load(str(ctx.input("model"))), None
+    if ctx.cfg.cut:  # a cut detector: the graph up to the cut tensors; the rest, postprocess.onnx
+        source, post = postprocess.split(source, ctx.cfg.cut)
+        ctx.output("postprocess.onnx").write_bytes(post.SerializeToString(deterministic=True))
     try:
-        model, made = make_static(onnx.load(str(ctx.input("model"))), ctx.cfg.inputs,
-                                  ctx.cfg.constants)
+        model, made = make_static(source, ctx.cfg.inputs, ctx.cfg.constants)
     except Refusal as exc:
         raise ctx.error(exc.what, hint=exc.hint)
     data = model.SerializeToString(deterministic=True)
@@ -315,6 +326,7 @@ def run(ctx) -> None:
               "inputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.input],
               "outputs": [{"name": vi.name, "shape": _dims(vi)} for vi in model.graph.output],
               **made, **({"rewrites_declined": declined} if declined else {}),
+              **({"postprocess": postprocess.record(post, ctx.cfg.cut)} if post else {}),
               "vs_original": result}
     ctx.output("static.json").write_text(pretty_json(report))
 
@@ -334,8 +346,9 @@ def static_step(layout, model) -> Step:
                               constants=tuple(
                                   {"name": i.name, "value": value} for i in model.inputs
                                   if (value := constant_value(i.test_data.as_dict(), i.dtype))
-                                  is not None)),
-                inputs=inputs, outputs=OUTPUTS,
+                                  is not None),
+                              cut=tuple(model.postprocess.get("cut", ()))),
+                inputs=inputs, outputs=OUTPUTS + (("postprocess.onnx",) if model.postprocess else ()),
                 out_dir=layout.model_stage(model.name, "static"),
                 tools=("onnx", "onnxsim", "onnxruntime", "numpy", "apache-tvm"), action=run,
                 layout=layout, doc="bind shapes, simplify (onnxsim), check against golden",
