@@ -1,13 +1,15 @@
-"""`doit new source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [license=PATH]`: a model folder
-from a model file, with a spec that loads.
+"""`doit new source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [value=INPUT:16000 ...]
+[license=PATH]`: a model folder from a model file, with a spec that loads.
 
 Reads the source's signature (spec.model.read_signature: ONNX without onnx, TFLite, NNEF), binds
 every dim (the shapes given; a dynamic first dim is the batch: 1; a named dim takes the value it
 got anywhere else), and writes models/NAME/ with a copy of the source (and its external-data
 files, or the NNEF folder), the license if given, and model.yaml: the sha256, every input with
 its dtype and bound shape, default test data (random, seed 0: [0, 1) for floats, 0..9 for
-integers) and the default tolerance. A dim it cannot bind is an error naming each one by input,
-and nothing is written. The folder is written beside its final place and renamed when its spec
+integers; an input given value= is bound to that value instead: `value:` in the spec, a constant
+the static stage folds for an integer input, e.g. a sample rate the model checks) and the
+default tolerance. A dim it cannot bind is an error naming each one by input, and nothing is
+written. The folder is written beside its final place and renamed when its spec
 has loaded (spec.model.load_model); an existing folder is never touched.
 """
 from __future__ import annotations
@@ -126,6 +128,36 @@ def _text(dims) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
+_VALUE = re.compile(r"^(?P<name>.+):(?P<value>[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)$")
+VALUE_HINT = ("give an input's one value as value=NAME:NUMBER, e.g. value=sr:16000 (a scalar; "
+              "every element of the input takes it)")
+
+
+def parse_values(args: list[str], inputs: list[dict]) -> tuple[dict, list[str]]:
+    """['sr:16000'] -> ({'sr': 16000}, problems): each input's one value (an integer for an
+    integer input); the name ends at the last ':'."""
+    dtypes, values, problems = {i["name"]: i["dtype"] for i in inputs}, {}, []
+    for arg in [a for item in args for a in item.split(",") if a]:
+        m = _VALUE.match(arg.strip())
+        if not m:
+            problems.append(f"value={arg}: expected NAME:NUMBER (e.g. sr:16000)")
+            continue
+        name, number = m["name"], float(m["value"])
+        if name not in dtypes:
+            problems.append(f"value={arg}: the model has no input {name!r} (inputs: "
+                            f"{', '.join(sorted(dtypes))}){_meant(name, [], set(dtypes))}")
+        elif dtypes[name] == "bool":
+            problems.append(f"value={arg}: {name!r} is a bool input; a value binds numbers only")
+        elif dtypes[name].startswith(("int", "uint")):
+            if number != int(number):
+                problems.append(f"value={arg}: {name!r} is {dtypes[name]}, {m['value']} is not an integer")
+            else:
+                values[name] = int(number)
+        else:
+            values[name] = number
+    return values, problems
+
+
 def test_data(dtype: str) -> dict:
     if dtype == "bool":
         return {"seed": 0}
@@ -147,7 +179,8 @@ def output_scale(source: Path, fmt: str, spec) -> float:
         raise PipelineError(f"{source.name} does not run on the test inputs "
                             f"{[list(a.shape) for a in feeds.values()]}: "
                             f"{str(exc).strip().splitlines()[-1]}", stage="new", model=spec.name,
-                            hint="check the shapes given (shape=...)") from None
+                            hint="check the shapes given (shape=...); an input the model checks "
+                                 "(a sample rate, a mode) takes its one value with value=NAME:NUMBER") from None
     return max((float(np.abs(np.asarray(o, dtype=np.float64)).max()) for o in outs if np.size(o)),
                default=1.0)
 
@@ -166,7 +199,8 @@ def tolerance_for(scale: float) -> dict:
 
 
 def spec_text(name: str, source: Path, sha256: str, shapes: dict, dtypes: dict,
-              licenses: list[str], tolerance: dict | None = None, scale: float | None = None) -> str:
+              licenses: list[str], tolerance: dict | None = None, scale: float | None = None,
+              values: dict | None = None) -> str:
     """model.yaml, with the schema line editors read; strings quoted as JSON (valid YAML)."""
     q = json.dumps
     lines = ["# yaml-language-server: $schema=../../docs/schema/model.schema.json",
@@ -176,9 +210,12 @@ def spec_text(name: str, source: Path, sha256: str, shapes: dict, dtypes: dict,
         lines.append(f"license: [{', '.join(q(l) for l in licenses)}]")
     lines.append("inputs:")
     for in_name, shape in shapes.items():
+        lines += [f"  {q(in_name)}:", f"    shape: {json.dumps(shape)}", f"    dtype: {dtypes[in_name]}"]
+        if in_name in (values or {}):  # bound to one value (value=): a constant, not test data
+            lines.append(f"    value: {values[in_name]!r}")
+            continue
         data = test_data(dtypes[in_name])
-        lines += [f"  {q(in_name)}:", f"    shape: {json.dumps(shape)}", f"    dtype: {dtypes[in_name]}",
-                  "    test_data:",
+        lines += ["    test_data:",
                   "      random: {" + ", ".join(f"{k}: {v}" for k, v in data.items()) + "}"]
     why = (f" (outputs reach {scale:.3g} on the test inputs)" if scale is not None else "")
     lines += [f"tolerance:                 # what every artifact must match golden within{why}"]
@@ -196,7 +233,7 @@ def no_license(name: str, folder: Path) -> str:
 
 
 def new_model(source: str | None, name: str | None, shapes: list[str], license: str | None,
-              models_dir: Path, memo_dir: Path | None = None) -> str:
+              models_dir: Path, memo_dir: Path | None = None, values: list[str] | None = None) -> str:
     """Write models_dir/name from `source`; returns what was written and what to run next."""
     if not source or not name:
         raise PipelineError("say source=PATH (an .onnx or .tflite file, or an NNEF folder) and "
@@ -227,6 +264,11 @@ def new_model(source: str | None, name: str | None, shapes: list[str], license: 
         raise PipelineError(f"{src.name}: input dtype(s) the pipeline cannot feed: {', '.join(bad)}",
                             stage="new", model=name, hint=f"dtypes: {', '.join(DTYPES)}")
     shapes, problems = bind(inputs, parse_shapes(shapes))
+    bound_values, wrong = parse_values(values or [], inputs)
+    if wrong:
+        raise PipelineError(f"{src.name}: cannot bind the values given, nothing was written:\n"
+                            + "\n".join(f"  - {p}" for p in wrong), stage="new", model=name,
+                            hint=VALUE_HINT)
     if problems:
         raise PipelineError(f"{src.name}: cannot bind every input dim, nothing was written:\n"
                             + "\n".join(f"  - {p}" for p in problems), stage="new", model=name,
@@ -249,12 +291,14 @@ def new_model(source: str | None, name: str | None, shapes: list[str], license: 
             licenses.append(lic.name)
         sha = source_sha256(staging / src.name)
         dtypes = {i["name"]: i["dtype"] for i in inputs}
-        (staging / "model.yaml").write_text(spec_text(name, src, sha, shapes, dtypes, licenses))
+        (staging / "model.yaml").write_text(spec_text(name, src, sha, shapes, dtypes, licenses,
+                                                      values=bound_values))
         specs, found = load_model(staging / "model.yaml", memo_dir)
         if not found and fmt != "nnef":  # scale the tolerance to what the model outputs
             scale = output_scale(staging / src.name, fmt, specs[0])
             (staging / "model.yaml").write_text(
-                spec_text(name, src, sha, shapes, dtypes, licenses, tolerance_for(scale), scale))
+                spec_text(name, src, sha, shapes, dtypes, licenses, tolerance_for(scale), scale,
+                          values=bound_values))
             _, found = load_model(staging / "model.yaml", memo_dir)
         if found:
             raise PipelineError("the spec written does not load (a bug of doit new):\n"
@@ -268,8 +312,8 @@ def new_model(source: str | None, name: str | None, shapes: list[str], license: 
             pass
     if lic is None:
         print(f"modelyard: {no_license(name, folder)}", file=sys.stderr)
-    bound = "; ".join(f"{n} {dtype} {_text(s)}" for (n, s), dtype in
-                      zip(shapes.items(), [i["dtype"] for i in inputs]))
+    bound = "; ".join(f"{n} {dtype} {_text(s)}" + (f" = {bound_values[n]!r}" if n in bound_values else "")
+                      for (n, s), dtype in zip(shapes.items(), [i["dtype"] for i in inputs]))
     return (f"wrote {folder}/model.yaml (inputs: {bound}; sha256 {sha[:12]}...)\n"
             f"next: doit build target=host (or rk3588); `doit coverage target=host` says which "
             f"stage or compiler stopped it, if one did")

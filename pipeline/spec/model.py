@@ -180,6 +180,11 @@ class InputDoc(Doc):
     """must be the model's"""
     test_data: Optional[TestDataDoc] = None
     """default: random: {seed: 0, low: 0, high: 1}"""
+    value: Optional[float] = None
+    """binds the input to one value (every element; instead of test_data): an integer input so
+    bound (a sample rate, a mode flag) is a constant the static stage folds before compiling
+    (`fold-constant-if`: the artifact is specialised to it); a float input keeps it as its test
+    data only. `doit new ... value=sr:16000` writes it"""
 
 
 class WaiverDoc(Doc):
@@ -275,7 +280,8 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
     inputs, postprocess = [], {}
     for in_name, body in (doc.inputs or {}).items():
         if body is not None and body.shape is not None and body.dtype is not None:
-            test_data = _test_data(body.test_data, folder, f"{where}: inputs.{in_name}", problems)
+            test_data = (_value(body, f"{where}: inputs.{in_name}", problems) if body.value is not None
+                         else _test_data(body.test_data, folder, f"{where}: inputs.{in_name}", problems))
             if test_data is not None:
                 inputs.append(InputSpec(in_name, tuple(body.shape), body.dtype, test_data))
     tolerance = doc.tolerance.spec() if doc.tolerance else None
@@ -464,6 +470,22 @@ def _release(doc: ReleaseDoc | None, signature: dict, where: str, problems: list
 
 
 _IO_KEYS = {"inputs": {"layout", "preprocessing"}, "outputs": {"layout", "postprocessing"}}
+
+
+def _value(body: InputDoc, where: str, problems: list) -> TestData | None:
+    """An input bound to one value: test data that can take only it (random, low == high; the
+    static stage reads an integer input so bound as a constant: stages/static.constant_value)."""
+    v = body.value
+    if body.test_data is not None:
+        problems.append(f"{where}: give value or test_data, not both (value binds the input to one value)")
+    elif body.dtype == "bool":
+        problems.append(f"{where}.value: a bool input cannot be bound to a value here (give test_data)")
+    elif body.dtype.startswith(("int", "uint")) and v != int(v):
+        problems.append(f"{where}.value: {v:g} is not an integer, the input is {body.dtype}")
+    else:
+        v = int(v) if body.dtype.startswith(("int", "uint")) else v
+        return TestData("random", 0, v, v)
+    return None
 
 
 def _test_data(doc: TestDataDoc | None, folder: Path, where: str, problems: list) -> TestData | None:
