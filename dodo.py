@@ -336,11 +336,12 @@ def task_search():
 
 
 def task_new():
-    """write models/NAME/ from source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [license=PATH]"""
+    """write models/NAME/ from source=PATH name=NAME [shape=INPUT:1x3x224x224 ...] [value=INPUT:16000 ...] [license=PATH]"""
     shapes = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("shape=")]  # several allowed
+    values = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("value=")]  # likewise
     return {"actions": [(doit_call, [new_model, get_var("source", None), get_var("name", None),
                                      shapes, get_var("license", None), get_var("models", "models"),
-                                     PROJECT.layout.cache])],
+                                     PROJECT.layout.cache, values])],
             "uptodate": [False], "verbosity": 2}
 
 

@@ -70,9 +70,10 @@ VARIABLES = (
               "key it must be signed with (or $MODELYARD_VERIFY_KEY, or verify_key); where to unpack"),
     Variables("integrity_only=1", ("verify",), "check integrity without a pinned key"),
     Variables("key=PATH", ("keygen",), "where to write the private key (0600) and PATH.pub"),
-    Variables("source=PATH name=NAME shape=INPUT:1x3x224x224 license=PATH", ("new",), "the model "
-              "file (or NNEF folder); the model's name; an input's shape or a named dim's value "
-              "(several shape= allowed; the last ':' ends the input's name); its licence file"),
+    Variables("source=PATH name=NAME shape=INPUT:1x3x224x224 value=INPUT:16000 license=PATH", ("new",),
+              "the model file (or NNEF folder); the model's name; an input's shape or a named dim's "
+              "value (several shape= allowed; the last ':' ends the input's name); an input bound "
+              "to one value (a sample rate: the spec's `value`, several allowed); its licence file"),
     Variables("budget=SIZE", ("cache",), "gc: keep the newest records whose objects fit (e.g. 2G)"),
 )
 NAMES = frozenset(n for row in VARIABLES for n in row.names)
