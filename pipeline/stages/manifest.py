@@ -247,7 +247,8 @@ def _artifact(ctx, files: dict, prefix: str, abi: dict) -> dict:
         "validation": {"status": validation["status"], "executed": validation["executed"],
                        "shipped_bytes_executed": validation["shipped_bytes_executed"],
                        **({"twin": validation["twin"]} if "twin" in validation else {}),
-                       **{k: validation[k] for k in ("simulated", "tolerance_from", "also") if k in validation},
+                       **{k: validation[k] for k in ("simulated", "tolerance_from", "also", "detections")
+                          if k in validation},
                        "tolerance": validation["tolerance"], "outputs": validation["outputs"],
                        "step_key": validate_step["key"],
                        "tools": validate_step["key_parts"]["tools"]},
