@@ -159,6 +159,9 @@ def run(ctx) -> None:
                              "ops": static["ops"]},
             # the static stage's graph surgery (pipeline/rewrite/static_rewrites.py): rule, nodes, why
             "static_rewrites": static.get("rewrites", []),
+            # a cut detector's post-processing (spec postprocess), shipped beside the artifacts
+            **({"postprocess": {**static["postprocess"], "sha256": sha256_file(
+                ctx.input(f"{name}:postprocess.onnx"))}} if "postprocess" in static else {}),
             "artifacts": artifacts,
             "skipped": {**model.skipped, **left},  # ABI -> why this model is not built for it
             **({"failed": failed} if failed else {}),  # a preferred candidate that failed
@@ -310,6 +313,8 @@ def manifest_step(project, target) -> Step:
     for model in models:
         inputs[f"{model.name}:static.json"] = layout.model_stage(model.name, "static") / "static.json"
         inputs[f"{model.name}:static.onnx"] = static_model(layout, model)
+        if model.postprocess:  # a cut detector's post-processing (static stage), shipped
+            inputs[f"{model.name}:postprocess.onnx"] = static_model(layout, model).with_name("postprocess.onnx")
         inputs[f"{model.name}:golden.json"] = layout.model_stage(model.name, "golden") / "golden.json"
         if model.source_format != "onnx":  # a converted source: the rewrites of its graph
             inputs[f"{model.name}:import.json"] = layout.model_stage(model.base, "import") / "import.json"
