@@ -10,6 +10,8 @@ artifacts/releases/<target>/<version>/
   sbom.cdx.json          CycloneDX 1.6 bill of materials (provenance.py)
   build-manifest.json    artifacts/<target>/manifest.json as built: step keys, flags, tools
   models/<model>/<abi>/model.vmfb   (model.so for TVM artifacts)
+  models/<model>/postprocess.onnx   a cut detector's post-processing, run on the host
+                                    (spec postprocess; docs/postprocess.md)
   licenses/<model>/<file>
   modelyard-<target>-<version>.tar.gz   all of the above, under modelyard-<target>-<version>/
   provenance.intoto.jsonl               DSSE-signed in-toto Statement (SLSA Provenance v1)
@@ -394,6 +396,16 @@ def plan(project, target_spec, build: dict, **where) -> tuple[dict, dict, list]:
                         "licenses": licenses, "io": _contract(spec, entry["io"]),
                         "artifacts": artifacts,
                         **{k: entry[k] for k in ("shape_of", "shape", "shapes") if k in entry}}
+        if "postprocess" in entry and artifacts:  # a cut detector: its host-side step ships too
+            pp, file = entry["postprocess"], f"models/{name}/postprocess.onnx"
+            ship[file] = Ship(project.layout.model_stage(name, "static") / "postprocess.onnx",
+                              pp["sha256"])
+            models[name]["postprocess"] = {
+                "file": file, "sha256": pp["sha256"], "cut": pp["cut"], "inputs": pp["inputs"],
+                "outputs": pp["outputs"],
+                "run": "onnxruntime on the host: feed the artifact's outputs (named as in `cut`, "
+                       "in that order) and the model inputs it lists; it returns the model's own "
+                       "outputs (docs/postprocess.md)"}
         if "variant_of" in entry:  # a precision variant: what it is, how it was made, its gate
             models[name].update({k: entry[k] for k in ("variant_of", "precision", "quantization",
                                                        "accuracy")})
