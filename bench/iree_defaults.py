@@ -249,18 +249,25 @@ def make_workspace(ws: Path, names: list[str], say=print) -> dict:
 
 # ----------------------------------------------------------------------------- one model
 def measure_model(project, model, target, abi, configs: list[str], repeats: int, window: dict,
-                  say=print) -> dict:
+                  say=print, candidates: dict | None = None, first_cap: float = 1800.0,
+                  budget: float | None = None, min_cap: float | None = None) -> dict:
     """Build and validate each candidate (same-as where the bytes would be an earlier one's),
-    then time the validated ones with onnxruntime side by side, `repeats` times."""
+    then time the validated ones with onnxruntime side by side, `repeats` times.
+    `candidates`: name -> (flags, rewrites) (default CANDIDATES); the first candidate may build
+    for `first_cap` s, each other for CAP_FACTOR x the first's time (at least `min_cap`,
+    default CAP_MIN_S) and within what is left of `budget` s (None: no budget)."""
     from pipeline.bench.config_search import (CAP_FACTOR, CAP_MIN_S, _build_candidate,
                                               _GraphDigests, _time, bounded)
     from pipeline.compilers.iree_backend import IREE
     from pipeline.core.layout import static_model
     layout = project.layout
+    candidates = candidates or CANDIDATES
+    min_cap = CAP_MIN_S if min_cap is None else min_cap
     graphs = _GraphDigests(static_model(layout, model))
     results, timed, seen, default_cost = {}, [], {}, None
+    start = time.monotonic()
     for name in configs:
-        flags, rewrites = CANDIDATES[name]
+        flags, rewrites = candidates[name]
         config = {"name": name, "flags": list(flags), "rewrites": list(rewrites)}
         record = {"flags": list(flags), "rewrites": list(rewrites)}
         same = (tuple(flags), graphs.of(rewrites))
@@ -269,7 +276,15 @@ def measure_model(project, model, target, abi, configs: list[str], repeats: int,
             say(f"[defaults] {model.name}: {name} is {seen[same]} here (its rewrites match nothing more)")
             continue
         seen[same] = name
-        cap = max(CAP_FACTOR * default_cost, CAP_MIN_S) if default_cost else 1800.0
+        cap = max(CAP_FACTOR * default_cost, min_cap) if default_cost else first_cap
+        if budget is not None and default_cost is not None:
+            left = budget - (time.monotonic() - start)
+            if left < min(cap, min_cap):
+                results[name] = {**record, "status": "not-tried",
+                                 "why": f"the model's budget of {budget:g} s was spent"}
+                say(f"[defaults] {model.name}: {name} not tried (budget of {budget:g} s spent)")
+                continue
+            cap = min(cap, left)
         began = time.monotonic()
         done, built = bounded(lambda: _build_candidate(layout, model, target, abi, config,
                                                        lambda line: None), cap)
@@ -280,6 +295,12 @@ def measure_model(project, model, target, abi, configs: list[str], repeats: int,
             results[name] = {**record, "status": "not-finished",
                              "why": f"stopped after {cost:.0f} s (cap {cap:.0f} s)"}
             say(f"[defaults] {model.name}: {name} stopped after {cost:.0f} s")
+            if name == configs[0]:  # the first over its cap: the others would be no quicker
+                for other in configs[1:]:
+                    results[other] = {"flags": list(candidates[other][0]),
+                                      "rewrites": list(candidates[other][1]), "status": "not-tried",
+                                      "why": f"{name} did not build within {cap:.0f} s"}
+                break
             continue
         results[name], artifact = built
         results[name]["build_s"] = round(cost, 1)
