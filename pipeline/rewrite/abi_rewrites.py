@@ -29,6 +29,10 @@ workaround, that the bug is still there without it (when it is not, the workarou
                                for speed, a broadcast IREE fuses where its Resize is a gather
     strided_conv_as_im2col     a dense Conv with a stride above 1 as Pad + Slices + Concat
                                (im2col) + a 1x1 Conv: for speed, a matrix product
+    conv1d_as_matmul           a Conv along one axis (1-D, or 2-D over a 1-pixel-high line) as
+                               Pad + Slices + Concat (im2col along the line) + a MatMul, a
+                               depthwise one as Slices times per-channel weights: for speed,
+                               IREE's CPU code for 1-D convolutions is 10-25x onnxruntime's
 
 Rewrites for speed are declared in an ABI's `configs:` (candidates the configuration search
 builds, validates and times; the pinned winner is what builds apply), workarounds in its
@@ -336,6 +340,193 @@ def strided_conv_as_im2col(model) -> list[str]:
     return _rewrite_convs(model, strided, im2col, _pad)
 
 
+def _line_pads(node, size: int, out: int, kernel: int, stride: int, dilation: int,
+               axis: int, rank: int) -> tuple[int, int] | None:
+    """(before, after) padding of a Conv along spatial `axis` (0-based, of `rank` spatial axes),
+    explicit or from its auto_pad (None: unknown)."""
+    mode = _text(node, "auto_pad", "NOTSET")
+    if mode == "NOTSET":
+        pads = list(_attr(node, "pads", [0] * 2 * rank))
+        return pads[axis], pads[rank + axis]
+    if mode == "VALID":
+        return 0, 0
+    total = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    small, big = total // 2, total - total // 2
+    return {"SAME_UPPER": (small, big), "SAME_LOWER": (big, small)}.get(mode)
+
+
+class _Line:
+    """A Conv along one axis (a 1-D Conv on [N, C, L], or a 2-D one on [N, C, 1, L] or
+    [N, C, L, 1] whose kernel is 1 across the unit axis): the axis, its taps and padding."""
+
+    def __init__(self, k, node, weight, bias, x_shape, y_shape, axis, pads):
+        self.k, self.node, self.weight, self.bias = k, node, weight, bias
+        self.x_shape, self.y_shape, self.axis, self.pads = x_shape, y_shape, axis, pads
+        rank = len(x_shape) - 2
+        spatial = axis - 2
+        self.taps = weight.shape[axis]
+        self.stride = list(_attr(node, "strides", [1] * rank))[spatial]
+        self.dilation = list(_attr(node, "dilations", [1] * rank))[spatial]
+        self.group = _attr(node, "group", 1)
+        self.name = node.name or f"node {k}"
+        self.prefix = f"{node.output[0]}__line"
+
+
+def _line_convs(model) -> dict[int, _Line]:
+    """The Convs along one axis the rewrite below takes, by node index: constant weights (and
+    bias), known input and output shapes and padding."""
+    from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
+    shapes = _static_shapes(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    found = {}
+    for k, node in enumerate(model.graph.node):
+        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        has_bias = len(node.input) > 2 and node.input[2]
+        bias = numpy_helper.to_array(inits[node.input[2]]) if has_bias and node.input[2] in inits else None
+        x, y = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if x is None or y is None or len(x) not in (3, 4) or weight.ndim != len(x) or (has_bias and bias is None):
+            continue
+        rank = len(x) - 2
+        kernel = weight.shape[2:]
+        strides = list(_attr(node, "strides", [1] * rank))
+        dilations = list(_attr(node, "dilations", [1] * rank))
+        pads = [_line_pads(node, x[2 + a], y[2 + a], kernel[a], strides[a], dilations[a], a, rank)
+                for a in range(rank)]
+        if None in pads:
+            continue
+        # the one axis the Conv slides along: the other (2-D) has extent 1, kernel 1, no padding
+        unit = [a for a in range(rank) if x[2 + a] == 1 and y[2 + a] == 1 and kernel[a] == 1
+                and pads[a] == (0, 0)]
+        if rank == 1:
+            axis = 0
+        elif len(unit) >= 1:
+            axis = 1 if unit[0] == 0 else 0
+        else:
+            continue
+        found[k] = _Line(k, node, weight, bias, x, y, 2 + axis, pads[axis])
+    return found
+
+
+def conv1d_as_matmul(model) -> list[str]:
+    """Rewrite every Conv along one axis (1-D Convs on [N, C, L]; 2-D ones on [N, C, 1, L] or
+    [N, C, L, 1] with a kernel of 1 across the unit axis, as TensorFlow's conv1d exports) as its
+    input padded with zeros (a Pad) + one strided Slice per kernel tap, stacked on channels
+    (im2col along the line) + one MatMul by the weights as a [C_out, taps * C_in] matrix (per
+    group: a batched MatMul), + the bias. A depthwise one (one input and one output channel per
+    group) becomes per tap its Slice times a per-channel weight, summed. IREE 3.13 lowers a
+    1-D convolution (and a 2-D one over a 1-pixel-high image) to a generic op its CPU backend
+    neither data-tiles nor vectorizes well: gen_conv1d 12.5 ms against onnxruntime's 0.5 ms,
+    all of it in the three conv dispatches; as matrix products 1.5 ms (data-tiled matmuls,
+    bench/iree_defaults.py, docs/measurements/2026-12-03-conv1d.md). Returns the names of those
+    rewritten."""
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    import onnx  # onnx: 1.5 s, not needed by doit list
+    from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
+    found = _line_convs(model)
+    if not found:
+        return []
+    pad_input = main_opset(model) >= 11  # Pad takes its pads as an input
+    nodes, consts = [], []
+
+    def const(name, array):
+        consts.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    for k, node in enumerate(model.graph.node):
+        if k not in found:
+            nodes.append(node)
+            continue
+        line = found[k]
+        p, rank = line.prefix, len(line.x_shape)
+        n, c, size = line.x_shape[0], line.x_shape[1], line.x_shape[line.axis]
+        out = line.y_shape[line.axis]
+        o, taps, g = line.weight.shape[0], line.taps, line.group
+        cg, og = c // g, o // g
+        x = node.input[0]
+        if any(line.pads):
+            pads = [0] * (2 * rank)
+            pads[line.axis], pads[rank + line.axis] = line.pads
+            if pad_input:
+                nodes.append(helper.make_node("Pad", [x, const(f"{p}_pads", np.array(pads, np.int64))],
+                                              [f"{p}_padded"], name=f"{line.name}__pad", mode="constant"))
+            else:
+                nodes.append(helper.make_node("Pad", [x], [f"{p}_padded"], name=f"{line.name}__pad",
+                                              mode="constant", pads=pads))
+            x = f"{p}_padded"
+        axes = const(f"{p}_axes", np.array([line.axis], np.int64))
+        steps = const(f"{p}_steps", np.array([line.stride], np.int64))
+        sliced = []
+        for j in range(taps):
+            start = j * line.dilation
+            if taps == 1 and line.stride == 1 and size + sum(line.pads) == out:
+                sliced.append(x)  # a 1x1 Conv: the input itself
+                break
+            nodes.append(helper.make_node(
+                "Slice", [x, const(f"{p}_start{j}", np.array([start], np.int64)),
+                          const(f"{p}_end{j}", np.array([start + (out - 1) * line.stride + 1], np.int64)),
+                          axes, steps], [f"{p}_tap{j}"], name=f"{line.name}__tap{j}"))
+            sliced.append(f"{p}_tap{j}")
+        w = line.weight.reshape(g, og, cg, taps)  # the unit axis, if any, dropped
+        if cg == 1 and og == 1 and g > 1:  # depthwise: per tap a per-channel weight, summed
+            shape = [1] * rank
+            shape[1] = c
+            terms = []
+            for j, tap in enumerate(sliced):
+                nodes.append(helper.make_node("Mul", [tap, const(f"{p}_w{j}", w[:, 0, 0, j].reshape(shape))],
+                                              [f"{p}_term{j}"], name=f"{line.name}__mul{j}"))
+                terms.append(f"{p}_term{j}")
+            if line.bias is not None:
+                terms.append(const(f"{p}_b", line.bias.reshape(shape)))
+            # IREE fuses at most 16 operands (two a term): Sums of at most 7, then their Sum
+            parts = [terms[i:i + _TERMS_PER_CHUNK] for i in range(0, len(terms), _TERMS_PER_CHUNK)]
+            if len(parts) > 1:
+                for i, part in enumerate(parts):
+                    nodes.append(helper.make_node("Sum", part, [f"{p}_part{i}"], name=f"{line.name}__part{i}"))
+                terms = [f"{p}_part{i}" for i in range(len(parts))]
+            nodes.append(helper.make_node("Sum", terms, list(node.output), name=f"{line.name}__sum"))
+            continue
+        # columns: row (j * cg + ci) of group gi is tap j of input channel gi * cg + ci
+        lead = ([n] if n > 1 else []) + ([g] if g > 1 else [])
+        if g > 1:
+            grouped = const(f"{p}_grouped", np.array([n, g, 1, cg, out], np.int64))
+            for j, tap in enumerate(sliced):
+                nodes.append(helper.make_node("Reshape", [tap, grouped], [f"{p}_g{j}"],
+                                              name=f"{line.name}__group{j}"))
+            sliced = [f"{p}_g{j}" for j in range(len(sliced))]
+        if len(sliced) > 1:
+            nodes.append(helper.make_node("Concat", sliced, [f"{p}_stack"], name=f"{line.name}__cols",
+                                          axis=2 if g > 1 else 1))
+            stacked = f"{p}_stack"
+        else:
+            stacked = sliced[0]
+        nodes.append(helper.make_node(
+            "Reshape", [stacked, const(f"{p}_cols_shape", np.array(lead + [taps * cg, out], np.int64))],
+            [f"{p}_cols"], name=f"{line.name}__cols_shape"))
+        weight = np.ascontiguousarray(w.transpose(0, 1, 3, 2).reshape(g, og, taps * cg))
+        weight = weight if g > 1 else weight[0]
+        nodes.append(helper.make_node("MatMul", [const(f"{p}_w", weight), f"{p}_cols"], [f"{p}_mm"],
+                                      name=f"{line.name}__matmul"))
+        result = f"{p}_mm"
+        if line.bias is not None:
+            bias = line.bias.reshape(g, og, 1) if g > 1 else line.bias.reshape(o, 1)
+            nodes.append(helper.make_node("Add", [result, const(f"{p}_b", bias)], [f"{p}_biased"],
+                                          name=f"{line.name}__bias"))
+            result = f"{p}_biased"
+        nodes.append(helper.make_node("Reshape", [result, const(f"{p}_out", np.array(line.y_shape, np.int64))],
+                                      list(node.output), name=f"{line.name}__out"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(consts)
+    used = {i for nd in model.graph.node for i in nd.input}
+    keep = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    onnx.checker.check_model(model)
+    return [found[k].name for k in sorted(found)]
+
+
 def depthwise_conv3x3_as_slices(model) -> list[str]:
     """depthwise_conv_as_slices for kernels up to 3x3: on vp_android_baseline_2022 the Slice form
     of a 5x5 one is wrong too at stride 1 in W (lavapipe and an NVIDIA H200, IREE 3.13). Borders
@@ -456,7 +647,8 @@ REWRITES = {"depthwise_conv_as_dense": depthwise_conv_as_dense,
             "depthwise_conv_as_slice_chunks": depthwise_conv_as_slice_chunks,
             "conv_transpose_as_depth_to_space": conv_transpose_as_depth_to_space,
             "nearest_resize_as_expand": nearest_resize_as_expand,
-            "strided_conv_as_im2col": strided_conv_as_im2col}
+            "strided_conv_as_im2col": strided_conv_as_im2col,
+            "conv1d_as_matmul": conv1d_as_matmul}
 
 
 def rewritten(model, names) -> tuple[bytes, list[dict]]:

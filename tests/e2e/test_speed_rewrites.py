@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from families.conv1d import CASES as CONV1D_CASES
+from families.conv1d import IREE_CASES as CONV1D_IREE_CASES
+from families.conv1d import other_convs
 from pipeline.rewrite.abi_rewrites import conv_transpose_as_depth_to_space, nearest_resize_as_expand
 
 BIN = Path(sys.executable).parent
@@ -267,4 +270,72 @@ def test_strided_conv_as_im2col_leaves_the_others_alone(kernel, strides, group):
     model = dense_model(kernel, strides, True, group, pads=[kernel // 2] * 4)
     before = model.SerializeToString()
     assert strided_conv_as_im2col(model) == []
+    assert model.SerializeToString() == before
+
+
+# ----------------------------------------------------------------------------- 1-D convolutions
+
+
+def _conv1d_rewritten(case):
+    """(expected output by onnxruntime on the case's graph, the graph rewritten, its input)."""
+    from pipeline.rewrite.abi_rewrites import conv1d_as_matmul
+    model, x = case.model(), case.input()
+    expected = ort_run(model, x)
+    assert conv1d_as_matmul(model) == ["conv"]
+    return expected, model, x
+
+
+@pytest.mark.parametrize("case", CONV1D_CASES, ids=lambda c: c.id)
+def test_conv1d_as_matmul_is_the_same_function(case):
+    """Every Conv along one axis of the family (kernels 1-15, strides, dilations, groups,
+    depthwise, auto_pad, NCW / TensorFlow's NWC through a 2-D Conv / a line along H, a batch of
+    2) becomes im2col along the line + one MatMul (a depthwise one: weighted Slices, summed in
+    Sums of at most 7 terms and one more), and onnxruntime gives the Conv's numbers."""
+    expected, model, x = _conv1d_rewritten(case)
+    ops = [n.op_type for n in model.graph.node]
+    assert "Conv" not in ops
+    depthwise = case.group == case.cin == case.cout
+    if depthwise:
+        assert "MatMul" not in ops and ops.count("Mul") == case.kernel
+        assert all(len(n.input) <= 2 * 7 for n in model.graph.node if n.op_type == "Sum")
+    else:
+        assert ops.count("MatMul") == 1
+        assert ops.count("Slice") == (0 if case.kernel == 1 and case.stride == 1 else case.kernel)
+    assert np.abs(ort_run(model, x) - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_conv1d_as_matmul_compiles_to_the_same_function_with_iree(tmp_path):
+    """IREE's host build of the rewritten family (one graph, one case per form: dense, strided
+    SAME_UPPER, grouped, depthwise, batched, TensorFlow's NWC) gives onnxruntime's numbers on
+    the Convs."""
+    import iree.runtime as rt
+    import onnx
+    import onnxruntime as ort
+    from families.conv1d import combined
+    from pipeline.rewrite.abi_rewrites import conv1d_as_matmul
+    model = combined(CONV1D_IREE_CASES)
+    xs = [case.input(seed=i) for i, case in enumerate(CONV1D_IREE_CASES)]
+    feeds = {f"x{i}": x for i, x in enumerate(xs)}
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert conv1d_as_matmul(model) == [f"c{i}/conv" for i in range(len(xs))]
+    onnx.save(model, tmp_path / "m.onnx")
+    subprocess.run([BIN / "iree-import-onnx", tmp_path / "m.onnx", "-o", tmp_path / "m.mlir"],
+                   check=True, capture_output=True)
+    subprocess.run([BIN / "iree-compile", tmp_path / "m.mlir", *HOST, "--iree-opt-data-tiling",
+                    "-o", tmp_path / "m.vmfb"], check=True, capture_output=True)
+    module = rt.load_vm_flatbuffer_file(str(tmp_path / "m.vmfb"), driver="local-sync")
+    got = module.conv1d_family(*xs)
+    for case, want, have in zip(CONV1D_IREE_CASES, expected, got):
+        have = np.asarray(have.to_host())
+        assert have.shape == want.shape, case.id
+        assert np.abs(have - want).max() <= 1e-5 * np.abs(want).max(), case.id
+
+
+@pytest.mark.parametrize("name,model,x", other_convs(), ids=lambda v: v if isinstance(v, str) else "")
+def test_conv1d_as_matmul_leaves_the_others_alone(name, model, x):
+    """2-D Convs over an image (a 1xk kernel included), a kernel across the unit axis, weights
+    computed in the graph: not rewritten, the same bytes (the config builds the default's)."""
+    from pipeline.rewrite.abi_rewrites import conv1d_as_matmul
+    before = model.SerializeToString()
+    assert conv1d_as_matmul(model) == []
     assert model.SerializeToString() == before
