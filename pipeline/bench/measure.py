@@ -40,6 +40,7 @@ from ..core.tools import cpu_model, distribution_version
 from ..run.timing import (NOISY_CV, PHASES, IreeCpuRunner, IreeVulkanRunner, OnnxruntimeCpuRunner,
                           paired_ratio_p50, stats)
 from ..run.tvm_timing import TvmCpuRunner
+from ..run.variant_speed import build_text, next_hint, slower_text
 from . import profile, report
 
 # The bench's API: its own, and the runners and statistics of run/timing.py it applies.
@@ -444,19 +445,15 @@ def variant_rows(rows: list[dict], skipped: list[dict], manifest: dict) -> list[
                               if mine and theirs else None)
             row["pays"] = None if row["speedup"] is None else row["speedup"] >= 1
             if row["pays"] is False:
-                row["verdict"] = slower_text(entry["precision"], row["p50_ms"], row["fp32_p50_ms"])
+                row["verdict"] = (f"{slower_text(entry['precision'], row['p50_ms'], row['fp32_p50_ms'])}"
+                                  f"; next: {next_hint(entry['precision'])}")
+            if art.get("pays"):  # what the build's choose step measured (stages/choose.py)
+                row["build_pays"] = art["pays"]
             if not mine:
                 row["not_measured"] = next((s["reason"] for s in skipped
                                             if (s["model"], s["abi"]) == (name, abi)), "not measured")
             out.append(row)
     return out
-
-
-def slower_text(precision: str, p50_ms: float, fp32_p50_ms: float) -> str:
-    """What a precision variant slower than its fp32 build says (bench summary and report)."""
-    return (f"the {precision} artifact is SLOWER than its fp32 build here: p50 {_fmt(p50_ms)} ms vs "
-            f"{_fmt(fp32_p50_ms)} ms ({fp32_p50_ms / p50_ms:.2f}x): it does not pay on this ABI; "
-            f"ship fp32, or quantize for a device with int8 kernels")
 
 
 def table(summary: dict) -> list[str]:
@@ -512,6 +509,8 @@ def variant_table(variants: list[dict]) -> list[str]:
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *body)]
     lines += [f"  {v['variant']}/{v['abi']}: {v['not_measured']}" for v in variants if "not_measured" in v]
     lines += [f"  {v['variant']}/{v['abi']}: {v['verdict']}" for v in variants if v.get("verdict")]
+    lines += [f"  {v['variant']}/{v['abi']}: {build_text(v['build_pays'])}" for v in variants
+              if v.get("build_pays")]
     return lines
 
 

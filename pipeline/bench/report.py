@@ -14,6 +14,7 @@ import math
 from html import escape
 
 from ..run.timing import NOISY_CV, PHASES
+from ..run.variant_speed import build_text
 from .profile import ORT, TOP, display_name, nodes_text
 
 COLORS = {"total": "#2b6cb0", "onnxruntime": "#dd6b20", "copy_in": "#38a169",
@@ -243,11 +244,14 @@ def profile_html(model: str, doc: dict, top: int = TOP) -> str:
 
 
 def verdicts_html(variants: list[dict]) -> str:
-    """The precision variants that do not pay (slower than their fp32 build), in words."""
-    slower = [v for v in variants if v.get("verdict")]
-    return ("<ul>" + "".join(f"<li class=warn><span class=mono>{escape(v['variant'])}/"
-                             f"{escape(v['abi'])}</span>: {escape(v['verdict'])}</li>"
-                             for v in slower) + "</ul>") if slower else ""
+    """The precision variants that do not pay (slower than their fp32 build), in words; then what
+    the build's choose step measured for each (the manifest's `pays`)."""
+    items = [f"<li class=warn><span class=mono>{escape(v['variant'])}/{escape(v['abi'])}</span>: "
+             f"{escape(v['verdict'])}</li>" for v in variants if v.get("verdict")]
+    items += [f"<li{' class=warn' if v['build_pays'].get('pays') is False else ''}><span "
+              f"class=mono>{escape(v['variant'])}/{escape(v['abi'])}</span>: "
+              f"{escape(build_text(v['build_pays']))}</li>" for v in variants if v.get("build_pays")]
+    return "<ul>" + "".join(items) + "</ul>" if items else ""
 
 
 def render(summary: dict, results: dict, manifest: dict, profiles: dict | None = None) -> str:

@@ -34,6 +34,13 @@ choice.json (and the manifest's `models[m]["choice"]`) says, per slot, what ship
 policy, why, and the figures (validation errors, size, and the measured p50s when measured).
 Measured figures are measurements: a rebuild restores them from the store under the step's key
 (the artifacts' sha256s); a clean build measures again.
+
+A precision variant (`<model>.<variant>`, int8 or fp16) has a choice step of its own: whether it
+pays, measured. Per ABI it is built for whose artifacts run natively here, the variant's artifact,
+its model's fp32 artifact for the same ABI, and onnxruntime on the variant's model and on the fp32
+model are timed side by side (interleaved rounds in a child process, on the golden inputs);
+choice.json's `pays` (run/variant_speed.py) gives the four p50s, the speedup and, for a variant
+slower than its fp32 build, why and next. An ABI not timed here says why (`measured: false`).
 """
 from __future__ import annotations
 
@@ -45,15 +52,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compilers.backends import BY_FORMAT, backend_of
-from ..compilers.builds import (attempt_file, fallback_pair, not_needed, read_attempt, skipped,
-                                unsupported)
+from ..compilers.builds import (attempt_file, built, fallback_pair, not_needed, read_attempt,
+                                skipped, unsupported, variant_abis, variant_skip_reason)
 from ..compilers.coverage_table import ops_text
-from ..core.layout import golden_files
+from ..core.layout import golden_files, static_model
 from ..core.steps import StageConfig, Step, where
 from ..core.store import pretty_json, sha256_file
 from ..core.tools import python_module_argv, run_tool
 from ..run.timing import OnnxruntimeCpuRunner
+from ..run.variant_speed import not_measured, reason, record
 from ..spec.ship import POLICIES
+from ..spec.variants import PRECISIONS, full_name, variant_model
 
 VERSION = 1
 OUTPUTS = ("choice.json",)
@@ -226,7 +235,9 @@ def _fastest(ctx, slot: Slot) -> dict:
 
 # ----------------------------------------------------------------------------- steps
 def steps(project) -> list:
-    return [choose_step(project, m, t) for m in project.models for t in project.targets if t.ship]
+    return ([choose_step(project, m, t) for m in project.models for t in project.targets if t.ship]
+            + [variant_step(project, m, v, t) for m in project.models for v in m.variants
+               for t in project.targets if _variant_built(project, m, v, t)])
 
 
 def _artifact_files(layout, target_name: str, model, abi) -> dict:
@@ -298,6 +309,101 @@ def choose_step(project, model, target) -> Step:
                 else (), action=run, layout=layout,
                 doc="which compiler's artifact ships, by the target's policy",
                 where=where(model, target))
+
+
+# ----------------------------------------------------------------------------- precision variants
+@dataclass(frozen=True)
+class VariantConfig(StageConfig):
+    """A precision variant's choice: which of its ABIs are timed beside the fp32 build here."""
+    target: str
+    variant_of: str                 # the fp32 model
+    precision: str                  # int8 | fp16
+    timed: tuple[str, ...]          # ABIs whose variant and fp32 artifacts run natively here
+    untimed: dict                   # ABI -> why its speed is not measured here
+    formats: dict                   # timed ABI -> its artifacts' format
+    input_names: tuple[str, ...]    # the model's inputs (onnxruntime's feeds), golden order
+
+    def problems(self):
+        if self.precision not in PRECISIONS:
+            yield f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+        if set(self.timed) & set(self.untimed):
+            yield "an ABI is timed or untimed, not both"
+        if sorted(self.formats) != sorted(self.timed):
+            yield "formats names the format of each timed ABI, only"
+
+
+def run_variant(ctx) -> None:
+    cfg = ctx.cfg
+    pays = {abi: not_measured(why) for abi, why in cfg.untimed.items()}
+    inputs = [str(ctx.input(f"golden:input_{i}.npy")) for i in range(len(cfg.input_names))]
+    for abi in cfg.timed:
+        plan = {"inputs": inputs, "window": WINDOW, "artifacts": [
+            {"config": "variant", "format": cfg.formats[abi],
+             "path": str(ctx.input(f"artifact:{abi}")), "entry": "main"},
+            {"config": "fp32", "format": cfg.formats[abi], "path": str(ctx.input(f"fp32:{abi}")),
+             "entry": "main"},
+            {"config": "onnxruntime", "format": ONNX, "path": str(ctx.input("model")),
+             "input_names": list(cfg.input_names)},
+            {"config": "onnxruntime-fp32", "format": ONNX, "path": str(ctx.input("fp32-model")),
+             "input_names": list(cfg.input_names)}]}
+        spec = ctx.scratch / f"timing-{abi}.json"
+        spec.write_text(json.dumps(plan))
+        result = run_tool(python_module_argv("pipeline.stages.choose", str(spec)), log=ctx.log,
+                          what=f"timing the {cfg.precision} and fp32 artifacts ({abi})",
+                          check=False, timeout=600, stage=ctx.step.stage, **ctx.step.where)
+        if result.returncode != 0:
+            pays[abi] = not_measured(f"the timing run failed (see {ctx.log})")
+            continue
+        timing = json.loads(result.output.strip().splitlines()[-1])
+        p50 = {a["config"]: a["p50_ms"] for a in timing["artifacts"]}
+        pays[abi] = {**record(cfg.precision, p50["variant"], p50["fp32"], p50["onnxruntime"],
+                              p50["onnxruntime-fp32"],
+                              where=f"this machine, interleaved, {timing['rounds']} rounds, "
+                                    f"{timing['threads']} threads"),
+                     "rounds": timing["rounds"], "threads": timing["threads"]}
+    ctx.output("choice.json").write_text(pretty_json(
+        {"variant_of": cfg.variant_of, "precision": cfg.precision, "pays": pays,
+         "reason": reason(cfg.precision, pays)}))
+
+
+def _variant_built(project, model, v, target) -> list:
+    """The target's ABIs the variant is built for (its skips, its backends)."""
+    return [a for a in variant_abis(target)
+            if not variant_skip_reason(model, v, a, project.layout.cache)]
+
+
+def variant_step(project, model, v, target) -> Step:
+    """Whether the variant pays on each ABI it is built for: timed beside the fp32 build."""
+    layout, name = project.layout, full_name(model, v)
+    inputs = {"model": layout.model_stage(name, "quantize") / "model.onnx",
+              "fp32-model": static_model(layout, model), **golden_files(layout, model)}
+    timed, untimed, formats = [], {}, {}
+    for abi in _variant_built(project, model, v, target):
+        if abi.run.get("via") != "python":
+            untimed[abi.name] = (f"its artifacts run {abi.run.get('via')} here, not natively: "
+                                 f"their speed is not measured on this machine (a host build of "
+                                 f"the variant is timed by `doit build target=host`)")
+            continue
+        if not built(project, model, target, abi):
+            untimed[abi.name] = f"{model.name} (fp32) is not built for {abi.name}: nothing to compare with"
+            continue
+        mine = _artifact_files(layout, target.name, variant_model(model, v), abi)
+        theirs = _artifact_files(layout, target.name, model, abi)
+        inputs.update({f"artifact:{abi.name}": mine["artifact"],
+                       f"validation:{abi.name}": mine["validation"],
+                       f"fp32:{abi.name}": theirs["artifact"],
+                       f"fp32-validation:{abi.name}": theirs["validation"]})
+        formats[abi.name] = mine["format"]
+        timed.append(abi.name)
+    config = VariantConfig(target=target.name, variant_of=model.name, precision=v.precision,
+                           timed=tuple(timed), untimed=untimed, formats=formats,
+                           input_names=tuple(i.name for i in model.inputs))
+    return Step(stage="choose", name=f"{target.name}/{name}", version=VERSION, config=config,
+                inputs=inputs, outputs=OUTPUTS,
+                out_dir=layout.target_model_stage(target.name, name, "choose"),
+                tools=("iree-base-runtime", "onnxruntime") if timed else (), action=run_variant,
+                layout=layout, doc=f"whether the {v.precision} variant pays: timed beside the fp32 build",
+                where={"model": name, "target": target.name})
 
 
 # ----------------------------------------------------------------------------- the child

@@ -8,7 +8,9 @@ where, emulated or not, the error figures against the tolerance). Paths are rela
 artifacts folder; there are no timestamps: the same build gives the same bytes.
 A precision variant that passed its gate is an entry of its own, `<model>.<variant>`, with
 variant_of, precision, quantization, accuracy and per artifact precision and validation.vs_fp32
-(pipeline/spec/variants.py: manifest_fields).
+(pipeline/spec/variants.py: manifest_fields), and whether it pays: per artifact `pays` (its p50
+beside its fp32 build's and onnxruntime's on both models, measured by the variant's choose step,
+stages/choose.py variant_step; or `measured: false` and why), in words as the entry's `pays`.
 
 A model's `artifacts` holds every backend's builds (IREE's `.vmfb`, TVM's `.so`: `format` and
 `abi.compiler` say which; `compile` and `requires` are the backend's, the `validation` shape is
@@ -378,6 +380,9 @@ def _variant_inputs(layout, model, target) -> dict:
     inputs = {}
     for v in model.variants:
         name = full_name(model, v)
+        if any(not variant_skip_reason(model, v, a, layout.cache) for a in variant_abis(target)):
+            inputs[f"{name}:choice.json"] = (layout.target_model_stage(target.name, name, "choose")
+                                             / "choice.json")
         quantized = layout.model_stage(name, "quantize")
         inputs[f"{name}:static.json"] = quantized / "quantize.json"
         inputs[f"{name}:static.onnx"] = quantized / "model.onnx"
@@ -421,14 +426,8 @@ def _variant_fields(ctx, cfg: ModelEntry, entry: dict) -> None:
         art["precision"] = cfg.precision
         validation = json.loads(ctx.input(f"{name}:{abi}:validation.json").read_text())
         art["validation"]["vs_fp32"] = validation["vs_fp32"]
-        art["pays"] = not_timed(cfg.precision, ctx.cfg.target.name)
-
-
-def not_timed(precision: str, target: str) -> dict:
-    """Whether a variant's artifact is faster than its fp32 build: not known to the build, which
-    times no precision variant (its search ranks fp32 configs, a fastest-on-host choice fp32
-    candidates); said rather than guessed."""
-    return {"measured": False,
-            "why": f"the build times no {precision} artifact (its search and choice time fp32 "
-                   f"builds only): `doit bench target={target}` times it beside its fp32 build "
-                   f"and says whether it pays (bench.json variants: pays, verdict)"}
+    if f"{name}:choice.json" in ctx.step.inputs:  # choose.variant_step: timed beside fp32
+        choice = json.loads(ctx.input(f"{name}:choice.json").read_text())
+        entry["pays"] = choice["reason"]  # per ABI in words; the figures under artifacts[abi].pays
+        for abi, art in entry["artifacts"].items():
+            art["pays"] = choice["pays"][abi]

@@ -212,7 +212,7 @@ def test_int8_variant_is_quantized_gated_compiled_validated_and_listed(host_buil
     done = ran(first)
     for task in ("quantize:cnn.int8", "accuracy:cnn.int8", "golden:cnn.int8",
                  "iree_compile:host/cnn.int8/cpu-x86_64", "validate:host/cnn.int8/cpu-x86_64",
-                 "iree_compile:host/cnn/cpu-x86_64", "manifest:host"):
+                 "iree_compile:host/cnn/cpu-x86_64", "choose:host/cnn.int8", "manifest:host"):
         assert task in done, (task, done)
     doc = manifest(ws, "host")
     assert sorted(doc["models"]) == ["cnn", VARIANT]
@@ -256,7 +256,39 @@ def test_int8_variant_is_quantized_gated_compiled_validated_and_listed(host_buil
     assert art["compile"]["step_key"] != fp32["artifacts"]["cpu-x86_64"]["compile"]["step_key"]
     assert "precision" not in fp32["artifacts"]["cpu-x86_64"]
 
+    # whether it pays, measured by the build (its choose step): the four p50s side by side
+    pays = art["pays"]
+    assert pays["measured"] is True and pays["rounds"] >= 1
+    assert all(pays[k] > 0 for k in ("p50_ms", "fp32_p50_ms", "onnxruntime_p50_ms",
+                                     "onnxruntime_fp32_p50_ms"))
+    assert pays["speedup"] == float(f"{pays['fp32_p50_ms'] / pays['p50_ms']:.4g}")
+    assert pays["pays"] is (pays["speedup"] >= 1)
+    assert ("next" in pays) is (not pays["pays"]) and ("why" in pays) is (not pays["pays"])
+    assert int8["pays"].startswith("cpu-x86_64: ") and f"{pays['speedup']:.2f}x" in int8["pays"]
+    choice = json.loads((ws.artifacts / "host" / VARIANT / "choose" / "choice.json").read_text())
+    assert choice["pays"]["cpu-x86_64"] == pays and choice["reason"] == int8["pays"]
+
     assert ran(ws.build("target=host")) == []
+
+
+def test_a_variant_slower_than_fp32_says_so_with_the_four_figures_and_next():
+    """run/variant_speed.py: the record the choice, the manifest and `doit bench` carry."""
+    from pipeline.run.variant_speed import build_text, not_measured, reason, record
+    slow = record("int8", 4.79, 1.08, 3.17, 2.10, where="here")
+    assert (slow["pays"], slow["speedup"]) == (False, 0.2255)
+    assert slow["why"] == ("the int8 artifact is SLOWER than its fp32 build here: p50 4.790 ms vs "
+                           "1.080 ms (0.23x): it does not pay on this ABI")
+    assert slow["next"].startswith("ship the fp32 build on this ABI")
+    said = reason("int8", {"cpu-x86_64": slow, "cpu-aarch64": not_measured("under qemu")})
+    assert said == ("cpu-aarch64: not measured (under qemu); cpu-x86_64: " + slow["why"]
+                    + " (artifact p50 4.790 ms, fp32 artifact 1.080 ms (speedup 0.23x); "
+                    "onnxruntime on the variant's model 3.170 ms, on fp32 2.100 ms); next: "
+                    + slow["next"])
+    assert "does NOT pay; next: ship the fp32" in build_text(slow)
+    fast = record("int8", 1.0, 1.5, None, 2.0, where="here")
+    assert fast["pays"] is True and "next" not in fast and "why" not in fast
+    assert "pays, 1.50x its fp32 build's speed" in reason("int8", {"a": fast})
+    assert "onnxruntime on the variant's model n/a" in build_text(fast)
 
 
 def test_runtime_helper_opens_a_variant(host_build):

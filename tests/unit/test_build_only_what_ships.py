@@ -167,12 +167,13 @@ def test_an_untuned_tvm_that_cannot_win_is_the_fallback_too(tmp_path):
     assert why.startswith("not built: an untuned TVM build cannot win") and "built when cpu-aarch64 fails" in why
 
 
-def test_a_variant_says_the_build_did_not_time_it():
-    """Whether an int8 artifact pays (is faster than its fp32 build) is measured by `doit bench`
-    (bench.json: pays, verdict); the build times no precision variant, and its manifest says so
-    instead of a figure (stages/manifest.py not_timed)."""
-    from pipeline.stages.manifest import not_timed
-    said = not_timed("int8", "rk3588")
-    assert said["measured"] is False and set(said) == {"measured", "why"}
-    assert "the build times no int8 artifact" in said["why"]
-    assert "`doit bench target=rk3588` times it beside its fp32 build" in said["why"]
+def test_a_variant_choice_says_which_abis_it_times_and_why_not_the_others(tmp_path):
+    """Whether an int8 artifact pays is measured by the variant's choose step (stages/choose.py
+    variant_step) where its artifacts run natively; rk3588's run under qemu or in the NPU's
+    simulator, so its choice says why they are not timed (manifest: pays.measured false)."""
+    proj = project(tmp_path)
+    (step,) = [s for s in proj.steps("choose") if s.name == "rk3588/ppocr_cls.int8"]
+    assert step.cfg.timed == () and step.cfg.variant_of == "ppocr_cls"
+    assert set(step.cfg.untimed) == {"npu", "cpu-aarch64"}
+    assert "run qemu here, not natively" in step.cfg.untimed["cpu-aarch64"]
+    assert "`doit build target=host`" in step.cfg.untimed["cpu-aarch64"]
