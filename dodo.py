@@ -51,10 +51,10 @@ from pipeline.core.layout import coverage_file
 from pipeline.core.settings import flag, setting
 from pipeline.core.steps import doit_call, doit_task, rerun_stages
 from pipeline.diagnose import bisect
-from pipeline.graph import STAGES, coverage_report, load_project, timeline
+from pipeline.graph import STAGES, coverage_report, load_project, timeline, tune_command
 from pipeline.graph.scaffold import new_model
 from pipeline.release import cache, release, signing, verify
-from pipeline.stages import accuracy, tvm_tune
+from pipeline.stages import accuracy
 
 try:
     PROJECT = load_project(models=get_var("models", "models"),
@@ -197,7 +197,7 @@ if not _READS_ONLY:
 _EXECUTOR = setting("executor", get_var("executor", None), env="MODELYARD_EXECUTOR") or "local"
 _SCHEDULER = setting("scheduler", get_var("scheduler", None), env="MODELYARD_SCHEDULER")
 # `doit tune` runs its steps here (the working database is here): executor=dask sends only
-# MetaSchedule's candidate builds to the workers (stages/tvm_tune.py).
+# MetaSchedule's candidate builds to the workers (compilers/tvm_cluster_builds.py).
 _RUNS_NO_STEP = {"cluster", "cache", "timings", "verify", "keygen", "new", "tune"}
 if _EXECUTOR != "local" and not (_READ_ONLY_COMMAND or _READS_ONLY or set(_WORDS) & _RUNS_NO_STEP):
     from pipeline.core import dask_executor, executor  # imports distributed (1.2 s): only here
@@ -314,7 +314,7 @@ def task_tune():
     target = get_var("target", None)
     curve = [(doit_call, [tuning_curve.command, PROJECT, target, get_var("model", None),
                           {v: get_var(v, None) for v in tuning_curve.VARS}])]
-    return {"actions": [(doit_call, [tvm_tune.command, PROJECT, target, get_var("model", None),
+    return {"actions": [(doit_call, [tune_command.command, PROJECT, target, get_var("model", None),
                                      {"tracker": get_var("tracker", None), "key": get_var("key", None),
                                       "emulated": get_var("emulated", "0") in ("1", "true", "yes")},
                                      get_var("pin", "0"), _EXECUTOR, _SCHEDULER])]

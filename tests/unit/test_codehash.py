@@ -23,7 +23,12 @@ OWN = {
              "run/iree_load.py": ("validate",), "stages/iree_compile.py": ("iree_compile",)},
     "tvm": {"compilers/tvm_backend.py": ("tvm_compile", "validate"), "run/tvm_run.py": ("validate",),
             "run/tvm_load.py": ("validate",), "run/tvm_timing.py": ("validate",),
-            "stages/tvm_compile.py": ("tvm_compile",), "stages/tvm_tune.py": ("tvm_tune",)},
+            "stages/tvm_compile.py": ("tvm_compile",), "stages/tvm_tune.py": ("tvm_tune",),
+            # what the TVM stages share, and the tuning's modules (issue 41 item 4)
+            "compilers/tvm_relax.py": ("tvm_compile", "tvm_tune"), "compilers/tvm_tuning.py": ("tvm_tune",),
+            "compilers/tvm_tuner.py": ("tvm_tune",), "compilers/tvm_candidates.py": ("tvm_tune",),
+            "compilers/tvm_cluster_builds.py": ("tvm_tune",), "compilers/tvm_tune_progress.py": ("tvm_tune",),
+            "run/tvm_tracker.py": ("tvm_tune",)},
     "rknn": {"compilers/rknn_backend.py": ("rknn_compile", "validate"),
              "run/rknn_run.py": ("validate",), "run/rknn_load.py": ("validate",),
              "run/rknn_driver.py": ("rknn_compile",), "stages/rknn_compile.py": ("rknn_compile",)},

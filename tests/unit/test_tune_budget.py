@@ -7,7 +7,9 @@ import pytest
 from pipeline.bench.tuning_curve import Options, checkpoints, interleaved
 from pipeline.core.errors import PipelineError
 from pipeline.compilers.tuning_db import exhausted_after, plan
-from pipeline.stages.tvm_tune import Progress, duration, pin_mode, search_population
+from pipeline.compilers.tvm_tune_progress import Progress, duration
+from pipeline.compilers.tvm_tuning import search_population
+from pipeline.graph.tune_command import pin_mode
 
 
 def test_a_fresh_database_leaves_the_whole_budget():

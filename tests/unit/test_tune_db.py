@@ -95,7 +95,7 @@ def test_what_a_models_own_pin_says_of_dry_workloads(tmp_path):
     """A model's own pin (or a step's output) has no database.json: its tune.json says where it
     was measured and, for the older ones, a finished run with budget left marks the workloads
     short of per_task as dry (ppocr_cls's: 107 of 108 trials, one reshape with one candidate)."""
-    from pipeline.stages.tvm_tune import source_meta
+    from pipeline.compilers.tvm_tuner import source_meta
     folder = folder_with(tmp_path, W[:2], [rec(0, 1e-5), rec(0, 2e-5), rec(1, 3e-5)])
     place = {"runner": "local", "machine": "AMD EPYC", "emulated": False}
     report = {"trials_spent": 3, "trials_budget": 4, "per_task": 2, "measured_on": place}
