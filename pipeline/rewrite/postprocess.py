@@ -10,6 +10,9 @@ the post-processing, fed the static part's outputs, gives the model's own output
 """
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 from ..spec.postprocess import _graph_facts, _reads, between
 
 
@@ -40,7 +43,6 @@ def _graph(model, name: str, nodes, inputs, outputs):
 
 
 def _static(model, names: list[str], infos: dict):
-    import copy
     static = _graph(model, model.graph.name or "main", _needed(model, names, set()),
                     [copy.deepcopy(i) for i in model.graph.input],
                     [copy.deepcopy(infos[n]) for n in names])
@@ -57,8 +59,6 @@ def split(model, names: list[str]) -> tuple:
     """(static part, post-processing) of an onnx ModelProto cut at the tensors `names` (the
     spec's resolved cut: spec/postprocess.py find_cut). The post-processing computes the model's
     outputs that are not cut tensors."""
-    import copy
-
     import onnx  # onnx: 1.5 s, not needed by doit list
     inferred = onnx.shape_inference.infer_shapes(model)
     infos = {vi.name: vi for vi in list(inferred.graph.input) + list(inferred.graph.value_info)
@@ -97,7 +97,6 @@ def static_part(model, names: list[str]):
 def cut_file(path, names: list[str], folder):
     """static_part() of the ONNX file at `path`, saved as folder/cut.onnx (its path)."""
     import onnx  # onnx: 1.5 s, not needed by doit list
-    from pathlib import Path
     out = Path(folder) / "cut.onnx"
     onnx.save(static_part(onnx.load(str(path)), list(names)), str(out))
     return out

@@ -12,6 +12,8 @@ llvm-cpu for the host, validate): validation.json records the detections matched
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,7 +22,7 @@ import pytest
 
 from families import detectors as det
 from pipeline import graph
-from pipeline.core.errors import SpecError
+from pipeline.core.errors import PipelineError, SpecError
 from pipeline.core.steps import execute
 from pipeline.rewrite.postprocess import split
 from pipeline.run.detections import match
@@ -113,7 +115,7 @@ def test_a_changed_detection_does_not_match(change):
 
 
 # ----------------------------------------------------------------------------- the spec
-def _spec(folder, case, postprocess: str):
+def _spec(folder, case, postprocess: str, tolerance: str = "max_abs: 1.0e-4, mean_abs: 1.0e-5"):
     folder.mkdir(parents=True)
     onnx.save(case.model(), folder / "model.onnx")
     import hashlib
@@ -121,7 +123,7 @@ def _spec(folder, case, postprocess: str):
     (folder / "model.yaml").write_text(
         f"source: {{path: model.onnx, sha256: {sha}}}\n"
         "inputs:\n  x: {shape: [1, 3, 16, 16], test_data: {random: {seed: 0, low: -1.0, high: 1.0}}}\n"
-        "tolerance: {max_abs: 1.0e-4, mean_abs: 1.0e-5, cosine: 0.9999}\n" + postprocess)
+        f"tolerance: {{{tolerance}, cosine: 0.9999}}\n" + postprocess)
 
 
 def test_the_spec_names_the_cut_or_says_why_not(tmp_path):
@@ -143,7 +145,9 @@ def test_the_spec_names_the_cut_or_says_why_not(tmp_path):
 @pytest.mark.parametrize("case", [det.DetectorCase("nms", ties=True, classes=3),
                                   det.DetectorCase("topk")], ids=lambda c: c.name)
 def test_the_stages_build_the_static_part_and_validate_detections(tmp_path, case):
-    _spec(tmp_path / "models" / "case", case, "postprocess: {cut: auto}\n")
+    loose = case.head == "topk"  # raw outputs within 0.1: room for a golden changed below
+    _spec(tmp_path / "models" / "case", case, "postprocess: {cut: auto}\n",
+          "max_abs: 0.1, mean_abs: 0.01" if loose else "max_abs: 1.0e-4, mean_abs: 1.0e-5")
     proj = graph.load_project(tmp_path / "models", tmp_path / "artifacts", "host")
     model = next(m for m in proj.models if m.name == "case")
     host = next(t for t in proj.targets if t.name == "host")
@@ -166,3 +170,88 @@ def test_the_stages_build_the_static_part_and_validate_detections(tmp_path, case
     found = checked["detections"]
     assert found["passed"] and found["matched"] == found["golden"] == found["artifact"] > 0
     assert found["min_iou"] >= 0.9 and found["max_score_diff"] <= 1e-3
+    if loose:  # golden's best score moved by 0.05: the raw outputs still pass, the detections not
+        best_file = steps[1].out_dir / golden["outputs"][0]["file"]
+        best = np.load(best_file)
+        best[0, int(np.argmax(best))] += 0.05
+        best_file.chmod(0o644)
+        np.save(best_file, best)
+        with pytest.raises(PipelineError, match=r"detections differ from golden's: 48 of golden's "
+                                                r"49 detections matched .* first unmatched"):
+            execute(steps[-1])
+
+
+# ----------------------------------------------------------------------------- the C runtime's NMS
+RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
+
+
+@pytest.fixture(scope="module")
+def test_nms(tmp_path_factory) -> Path:
+    """runtime/tests/test_nms.c (C99) linked with the library's nms.c and errors.c (C11), every
+    warning an error, as runtime/CMakeLists.txt builds them."""
+    out = tmp_path_factory.mktemp("nms")
+    flags = ["-Wall", "-Wextra", "-pedantic", "-Werror", f"-I{RUNTIME / 'include'}",
+             f"-I{RUNTIME / 'src'}"]
+    objects = []
+    for src in ("nms.c", "errors.c"):
+        objects.append(out / src.replace(".c", ".o"))
+        subprocess.run(["cc", "-std=c11", "-O2", "-c", str(RUNTIME / "src" / src), "-o",
+                        str(objects[-1]), *flags], check=True)
+    exe = out / "test_nms"
+    subprocess.run(["cc", "-std=c99", str(RUNTIME / "tests" / "test_nms.c"), *map(str, objects),
+                    "-o", str(exe), *flags], check=True)
+    return exe
+
+
+def _ort_nms(boxes, scores, iou, score, most, center) -> np.ndarray:
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    inputs = ["boxes", "scores", "max", "iou"] + (["score"] if score is not None else [])
+    inits = [onnx.numpy_helper.from_array(np.array([most], np.int64), "max"),
+             onnx.numpy_helper.from_array(np.array([iou], np.float32), "iou")]
+    if score is not None:
+        inits.append(onnx.numpy_helper.from_array(np.array([score], np.float32), "score"))
+    graph = h.make_graph([h.make_node("NonMaxSuppression", inputs, ["selected"],
+                                      center_point_box=center)], "nms",
+                         [h.make_tensor_value_info("boxes", T.FLOAT, list(boxes.shape)),
+                          h.make_tensor_value_info("scores", T.FLOAT, list(scores.shape))],
+                         [h.make_tensor_value_info("selected", T.INT64, None)], initializer=inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    return _run(model, {"boxes": boxes, "scores": scores})[0]
+
+
+def _nms_inputs(kind: str):
+    rng = np.random.default_rng(3)
+    if kind == "family-ties":  # the detector family's static outputs (scores in quarters: ties)
+        case = det.DetectorCase("nms", ties=True, classes=3)
+        boxes, scores = _run(split(case.model(), ["boxes", "scores"])[0], case.feeds())
+        return boxes, scores
+    if kind == "duplicates":  # identical boxes with identical scores: only the index decides
+        boxes = np.repeat(rng.uniform(0, 1, (1, 5, 4)).astype(np.float32), 3, axis=1)
+        return boxes, np.repeat(rng.uniform(0, 1, (1, 2, 5)).astype(np.float32), 3, axis=2)
+    centers = rng.uniform(0, 10, (2, 40, 2))
+    sizes = rng.uniform(0.5, 3, (2, 40, 2))
+    boxes = np.concatenate([centers, sizes], -1).astype(np.float32)  # xc, yc, w, h
+    return boxes, np.round(rng.uniform(0, 1, (2, 4, 40)) * 8).astype(np.float32) / 8
+
+
+@pytest.mark.parametrize("kind, iou, score, most, center", [
+    ("family-ties", 0.3, 0.25, 6, 0), ("family-ties", 0.5, None, 100, 0),
+    ("duplicates", 0.5, None, 4, 0), ("centers", 0.4, 0.3, 5, 1), ("centers", 0.0, None, 0, 1)],
+    ids=["family-ties", "family-no-threshold", "duplicates", "center-boxes", "max-0"])
+def test_the_c_runtime_nms_selects_as_onnxruntime(test_nms, tmp_path, kind, iou, score, most,
+                                                  center):
+    boxes, scores = _nms_inputs(kind)
+    want = _ort_nms(boxes, scores, iou, score, most, center)
+    (tmp_path / "b.raw").write_bytes(boxes.tobytes())
+    (tmp_path / "s.raw").write_bytes(scores.tobytes())
+    batches, classes, n = scores.shape
+    r = subprocess.run([str(test_nms), str(tmp_path / "b.raw"), str(tmp_path / "s.raw"),
+                        str(batches), str(classes), str(n), str(iou),
+                        "none" if score is None else str(score), str(most), str(center),
+                        str(tmp_path / "out.raw")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not ok" not in r.stdout and r.stdout.count("ok - ") >= 5
+    got = np.frombuffer((tmp_path / "out.raw").read_bytes(), np.int64).reshape(-1, 3)
+    assert np.array_equal(got, want), (got, want)
+    assert len(want) > 0 or most == 0
