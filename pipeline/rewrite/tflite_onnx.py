@@ -15,6 +15,10 @@ How it converts:
   ops, as QDQ: an op reads DequantizeLinear of its operands, computes in float, and writes
   QuantizeLinear with its output's scale and zero point (per-channel weights keep their axis).
   IREE compiles QDQ and onnxruntime runs it with integer kernels (TOOLCHAIN.md);
+- control flow: IF becomes ONNX If, each branch subgraph converted into the If's then/else graph
+  (its inputs are the IF's operands, read from the outer scope; nested IFs likewise); the static
+  stage folds it when the condition is known once the inputs are bound (fold-constant-if), else
+  it stays an If, compiled as one (its branches must give one shape). WHILE is refused by name;
 - an op or an option outside the table below raises Unsupported naming the op, its index and why.
 """
 from __future__ import annotations

@@ -22,7 +22,8 @@ graph itself (LiteRT still runs and checks it), before the routes:
 A caller starts with the initial values and feeds each call's `V_out` to the next call's `V`.
 `check` proves it: LiteRT runs the original for CALLS consecutive calls with its variables, the
 rewrite as many with the state carried by hand, outputs equal bit for bit at every call. Control
-flow other than CALL_ONCE (WHILE, IF, CALL) is not this rewrite's and is refused by the routes.
+flow other than CALL_ONCE (WHILE, IF, CALL) is not this rewrite's: tflite_onnx converts IF, the
+routes refuse the others.
 """
 from __future__ import annotations
 
