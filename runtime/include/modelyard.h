@@ -197,6 +197,44 @@ MODELYARD_API modelyard_status_t modelyard_get_output(const modelyard_model_t* m
 MODELYARD_API modelyard_status_t modelyard_last_timing(const modelyard_model_t* model,
                                                        modelyard_timing_t* out_timing);
 
+/* ------------------------------------------------------------------- host-side post-processing */
+/* A detector built with `postprocess: {cut: ...}` (docs/postprocess.md) returns the tensors its
+ * NonMaxSuppression reads (boxes, scores); the release ships the removed post-processing as
+ * models/<model>/postprocess.onnx. modelyard_nms_boxes is that NMS in C, for an app that runs no
+ * onnxruntime: the selection of ONNX NonMaxSuppression as onnxruntime's CPU kernel makes it. */
+typedef struct modelyard_nms_options_s {
+  size_t struct_size;       /* sizeof(modelyard_nms_options_t): set by modelyard_nms_options_init */
+  float iou_threshold;      /* a box is dropped when its IoU with a kept one is above this [0, 1] */
+  float score_threshold;    /* ... and, with use_score_threshold, when its score is not above this */
+  int use_score_threshold;  /* 0: every score counts (ONNX: no score_threshold input) */
+  size_t max_per_class;     /* the most boxes kept per batch and class; 0: none (as ONNX) */
+  int center_point_box;     /* 0: [y1, x1, y2, x2] (either corner first); 1: [xc, yc, w, h] */
+} modelyard_nms_options_t;
+
+/* Fills *options with the defaults (every threshold 0, no score threshold, max_per_class 0,
+ * corners) and sets struct_size. INVALID_ARGUMENT (nothing written): NULL, or a struct_size
+ * this library does not know. */
+MODELYARD_API modelyard_status_t modelyard_nms_options_init(modelyard_nms_options_t* options,
+                                                            size_t struct_size);
+static inline modelyard_status_t modelyard_default_nms_options(modelyard_nms_options_t* options) {
+  return modelyard_nms_options_init(options, sizeof(modelyard_nms_options_t));
+}
+
+/* boxes: [num_batches][num_boxes][4] floats; scores: [num_batches][num_classes][num_boxes].
+ * Writes the selected boxes as rows (batch, class, box index) of int64 into out_selected (room
+ * for `capacity` rows: at least num_batches x num_classes x min(max_per_class, num_boxes)), in
+ * ONNX's order (batch, then class, then falling score; a tie: the lower box index first), and
+ * their number into *out_count. Caller memory in and out, nothing kept; no state, so any thread
+ * may call it at any time (it allocates and frees scratch memory of num_boxes x 28 bytes).
+ * INVALID_ARGUMENT: a NULL, options not initialised, iou_threshold outside [0, 1], capacity too
+ * small (nothing written); OUT_OF_MEMORY. */
+MODELYARD_API modelyard_status_t modelyard_nms_boxes(const float* boxes, const float* scores,
+                                                     size_t num_batches, size_t num_classes,
+                                                     size_t num_boxes,
+                                                     const modelyard_nms_options_t* options,
+                                                     int64_t* out_selected, size_t capacity,
+                                                     size_t* out_count);
+
 #ifdef __cplusplus
 }
 #endif

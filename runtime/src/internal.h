@@ -57,6 +57,10 @@ int my_iree_vulkan_device(my_vk_device_t* out, char* why, size_t why_size);
 typedef const my_backend_ops_t* (*my_tvm_entry_fn)(void);
 #define MY_TVM_ENTRY "modelyard_tvm_backend"
 
+/* errors.c: set the calling thread's last error (returns status) / clear it. */
+modelyard_status_t my_fail(modelyard_status_t status, const char* fmt, ...);
+void my_clear_error(void);
+
 void my_sha256_hex(const void* data, size_t size, char out_hex[65]);
 uint64_t my_now_ns(void);
 

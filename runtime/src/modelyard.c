@@ -41,32 +41,15 @@ struct modelyard_model_s {
   pthread_mutex_t lock;   /* serialises the calls that touch the buffers (modelyard.h: Threads) */
 };
 
-static _Thread_local char last_error[MY_ERR_SIZE];
-
 /* The sizes of modelyard_options_t that headers of this library's versions had (0.1.0: the
  * first); a newer layout appends its size here and reads only what a caller's size holds. */
 static const size_t OPTIONS_SIZES[] = {sizeof(modelyard_options_t)};
 
-static modelyard_status_t fail(modelyard_status_t status, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(last_error, sizeof(last_error), fmt, ap);
-  va_end(ap);
-  return status;
-}
 
 uint64_t my_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-const char* modelyard_last_error(void) { return last_error; }
-
-const char* modelyard_status_name(modelyard_status_t status) {
-  static const char* names[] = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "CORRUPT", "INCOMPATIBLE",
-                                "UNAVAILABLE", "RUNTIME_ERROR", "OUT_OF_MEMORY"};
-  return (unsigned)status < sizeof(names) / sizeof(names[0]) ? names[status] : "UNKNOWN";
 }
 
 const char* modelyard_iree_commit(void) { return MODELYARD_IREE_COMMIT; }
@@ -81,7 +64,7 @@ static int known_options_size(size_t size) {
 }
 
 static modelyard_status_t unknown_options_size(const char* where, size_t size) {
-  return fail(MODELYARD_INVALID_ARGUMENT, "%s: options struct_size is %zu, libmodelyard %s knows %zu "
+  return my_fail(MODELYARD_INVALID_ARGUMENT, "%s: options struct_size is %zu, libmodelyard %s knows %zu "
               "(initialise the options with modelyard_default_options; a header newer than the "
               "library needs a newer library)", where, size, MODELYARD_VERSION_STRING,
               sizeof(modelyard_options_t));
@@ -89,7 +72,7 @@ static modelyard_status_t unknown_options_size(const char* where, size_t size) {
 
 modelyard_status_t modelyard_options_init(modelyard_options_t* o, size_t struct_size) {
   modelyard_options_t defaults;
-  if (!o) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_options_init: NULL options");
+  if (!o) return my_fail(MODELYARD_INVALID_ARGUMENT, "modelyard_options_init: NULL options");
   if (!known_options_size(struct_size)) return unknown_options_size("modelyard_options_init", struct_size);
   memset(&defaults, 0, sizeof(defaults));
   defaults.struct_size = struct_size;
@@ -138,9 +121,9 @@ static modelyard_status_t parse_tensors(const cJSON* list, const char* what, my_
   size_t n = (size_t)cJSON_GetArraySize(list), i;
   my_tensor_t* t;
   if (!cJSON_IsArray(list) || n == 0)
-    return fail(MODELYARD_CORRUPT, "release.json: the model's io.%s is not a list of tensors", what);
+    return my_fail(MODELYARD_CORRUPT, "release.json: the model's io.%s is not a list of tensors", what);
   t = (my_tensor_t*)calloc(n, sizeof(*t));
-  if (!t) return fail(MODELYARD_OUT_OF_MEMORY, "out of memory");
+  if (!t) return my_fail(MODELYARD_OUT_OF_MEMORY, "out of memory");
   for (i = 0; i < n; i++) {
     const cJSON* item = cJSON_GetArrayItem(list, (int)i);
     const cJSON* shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
@@ -158,14 +141,14 @@ static modelyard_status_t parse_tensors(const cJSON* list, const char* what, my_
     if (!t[i].info.name || !t[i].elem_size || !cJSON_IsArray(shape) ||
         t[i].info.rank > MODELYARD_MAX_RANK) {
       free_tensors(t, i + 1);
-      return fail(MODELYARD_CORRUPT, "release.json: io.%s[%zu] needs a name, a known dtype "
+      return my_fail(MODELYARD_CORRUPT, "release.json: io.%s[%zu] needs a name, a known dtype "
                   "(got %s) and a static shape of rank <= %d", what, i, dtype ? dtype : "none",
                   MODELYARD_MAX_RANK);
     }
     for (d = 0; d < t[i].info.rank; d++) {
       const cJSON* dim = cJSON_GetArrayItem(shape, d);
       if (!cJSON_IsNumber(dim) || dim->valuedouble < 0) {
-        fail(MODELYARD_CORRUPT, "release.json: io.%s[%zu] (%s) has a dynamic dimension",
+        my_fail(MODELYARD_CORRUPT, "release.json: io.%s[%zu] (%s) has a dynamic dimension",
              what, i, t[i].info.name);
         free_tensors(t, i + 1);
         return MODELYARD_CORRUPT;
@@ -412,16 +395,16 @@ static modelyard_status_t load_artifact(modelyard_model_t* m, const char* root, 
   my_load_args_t args;
   modelyard_status_t status;
   if (!file || !sha || !entry)
-    return fail(MODELYARD_CORRUPT, "release.json: artifact %s needs file, sha256 and entry", abi);
+    return my_fail(MODELYARD_CORRUPT, "release.json: artifact %s needs file, sha256 and entry", abi);
   snprintf(path, sizeof(path), "%s/%s", root, file);
   bytes = read_file(path, &size);
-  if (!bytes) return fail(MODELYARD_NOT_FOUND, "artifact %s: cannot read %s", abi, path);
+  if (!bytes) return my_fail(MODELYARD_NOT_FOUND, "artifact %s: cannot read %s", abi, path);
   if (o->verify_sha256) {
     char hex[65];
     my_sha256_hex(bytes, size, hex);
     if (strcmp(hex, sha) != 0) {
       free(bytes);
-      return fail(MODELYARD_CORRUPT, "artifact %s: %s has sha256 %s, release.json says %s "
+      return my_fail(MODELYARD_CORRUPT, "artifact %s: %s has sha256 %s, release.json says %s "
                   "(damaged or tampered: restore the released file)", abi, path, hex, sha);
     }
   }
@@ -429,7 +412,7 @@ static modelyard_status_t load_artifact(modelyard_model_t* m, const char* root, 
     m->ops = tvm_backend(&m->plugin, why, sizeof(why));
     if (!m->ops) {
       free(bytes);
-      return fail(MODELYARD_UNAVAILABLE, "artifact %s: %s", abi, why);
+      return my_fail(MODELYARD_UNAVAILABLE, "artifact %s: %s", abi, why);
     }
   } else {
     m->ops = my_iree_backend();
@@ -442,7 +425,7 @@ static modelyard_status_t load_artifact(modelyard_model_t* m, const char* root, 
   status = m->ops->load(&args, &m->state, why);
   free(bytes);
   if (status != MODELYARD_OK)
-    return fail(status == MODELYARD_RUNTIME_ERROR || status == MODELYARD_INVALID_ARGUMENT
+    return my_fail(status == MODELYARD_RUNTIME_ERROR || status == MODELYARD_INVALID_ARGUMENT
                     ? MODELYARD_INCOMPATIBLE : status,
                 "artifact %s (%s) does not load on %s: %s", abi, file, pick->where, why);
   snprintf(m->abi, sizeof(m->abi), "%s", abi);
@@ -460,9 +443,9 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
   cJSON *doc, *models, *model, *artifacts, *fallback, *io;
   modelyard_status_t status = MODELYARD_OK;
   int chosen = 0, loaded = 0;  /* loaded: an artifact was chosen and its load tried */
-  last_error[0] = 0;
+  my_clear_error();
   if (out) *out = NULL;
-  if (!root || !name || !out) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_open: NULL argument");
+  if (!root || !name || !out) return my_fail(MODELYARD_INVALID_ARGUMENT, "modelyard_open: NULL argument");
   /* the defaults, overwritten by the caller's options as far as its struct_size reaches */
   modelyard_options_init(&given, sizeof(given));
   if (options) {
@@ -473,10 +456,10 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
   options = &given;
   snprintf(path, sizeof(path), "%s/release.json", root);
   text = (char*)read_file(path, &size);
-  if (!text) return fail(MODELYARD_NOT_FOUND, "cannot read %s (is %s an unpacked release?)", path, root);
+  if (!text) return my_fail(MODELYARD_NOT_FOUND, "cannot read %s (is %s an unpacked release?)", path, root);
   doc = cJSON_ParseWithLength(text, size);
   free(text);
-  if (!doc) return fail(MODELYARD_CORRUPT, "%s is not valid JSON", path);
+  if (!doc) return my_fail(MODELYARD_CORRUPT, "%s is not valid JSON", path);
   models = cJSON_GetObjectItemCaseSensitive(doc, "models");
   model = cJSON_GetObjectItemCaseSensitive(models, name);
   if (!model) {
@@ -489,14 +472,14 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
       }
     }
     cJSON_Delete(doc);
-    return fail(MODELYARD_NOT_FOUND, "no model %s in %s (it has: %s)", name, path, names);
+    return my_fail(MODELYARD_NOT_FOUND, "no model %s in %s (it has: %s)", name, path, names);
   }
   m = (modelyard_model_t*)calloc(1, sizeof(*m));
-  if (!m) { cJSON_Delete(doc); return fail(MODELYARD_OUT_OF_MEMORY, "out of memory"); }
+  if (!m) { cJSON_Delete(doc); return my_fail(MODELYARD_OUT_OF_MEMORY, "out of memory"); }
   if (pthread_mutex_init(&m->lock, NULL) != 0) {
     free(m);
     cJSON_Delete(doc);
-    return fail(MODELYARD_OUT_OF_MEMORY, "modelyard_open: cannot create the model's mutex");
+    return my_fail(MODELYARD_OUT_OF_MEMORY, "modelyard_open: cannot create the model's mutex");
   }
   io = cJSON_GetObjectItemCaseSensitive(model, "io");
   status = parse_tensors(cJSON_GetObjectItemCaseSensitive(io, "inputs"), "inputs", &m->inputs, &m->n_inputs);
@@ -514,7 +497,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
         strcat(names, it->string);
       }
     }
-    status = fail(MODELYARD_NOT_FOUND, "no artifact %s for %s (it has: %s)", options->abi, name, names);
+    status = my_fail(MODELYARD_NOT_FOUND, "no artifact %s for %s (it has: %s)", options->abi, name, names);
   }
   if (status == MODELYARD_OK) {
     /* the order: the forced ABI; else the target's fallback order, then any other artifact */
@@ -535,7 +518,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
       }
     }
     my_vulkan_t* vk = (my_vulkan_t*)calloc(1, sizeof(*vk));
-    status = vk ? MODELYARD_INCOMPATIBLE : fail(MODELYARD_OUT_OF_MEMORY, "out of memory");
+    status = vk ? MODELYARD_INCOMPATIBLE : my_fail(MODELYARD_OUT_OF_MEMORY, "out of memory");
     for (k = 0; vk && k < n && !chosen; k++) {
       my_pick_t pick;
       char why[MY_ERR_SIZE];
@@ -544,7 +527,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
       if (unmet != MODELYARD_OK) {
         append(&passed, "  passed over %s: %s\n", abi, why);
         if (options->abi)
-          status = fail(unmet, "artifact %s cannot run here: %s", abi, why);
+          status = my_fail(unmet, "artifact %s cannot run here: %s", abi, why);
         continue;
       }
       status = load_artifact(m, root, abi, order[k], &pick, options);
@@ -557,7 +540,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
     }
     free(vk);
     if (!chosen && !loaded && status == MODELYARD_INCOMPATIBLE && !options->abi)
-      status = fail(MODELYARD_INCOMPATIBLE, "no artifact of %s can run on this device:\n%s", name,
+      status = my_fail(MODELYARD_INCOMPATIBLE, "no artifact of %s can run on this device:\n%s", name,
                     passed ? passed : "  (no artifacts)\n");
     free(passed);
   }
@@ -570,7 +553,7 @@ modelyard_status_t modelyard_open(const char* root, const char* name,
     for (i = 0; m->output_data && i < m->n_outputs; i++)
       if (!(m->output_data[i] = calloc(1, m->outputs[i].info.byte_size + 1))) status = MODELYARD_OUT_OF_MEMORY;
     if (!m->input_data || !m->output_data) status = MODELYARD_OUT_OF_MEMORY;
-    if (status != MODELYARD_OK) fail(status, "out of memory for the model's tensors");
+    if (status != MODELYARD_OK) my_fail(status, "out of memory for the model's tensors");
   }
   if (status != MODELYARD_OK) {
     modelyard_close(m);
@@ -602,8 +585,8 @@ size_t modelyard_output_count(const modelyard_model_t* m) { return m ? m->n_outp
 
 static modelyard_status_t info(const my_tensor_t* t, size_t n, size_t i, const char* what,
                                modelyard_tensor_info_t* out) {
-  if (!t || !out) return fail(MODELYARD_INVALID_ARGUMENT, "%s info: NULL argument", what);
-  if (i >= n) return fail(MODELYARD_INVALID_ARGUMENT, "%s %zu: the model has %zu", what, i, n);
+  if (!t || !out) return my_fail(MODELYARD_INVALID_ARGUMENT, "%s info: NULL argument", what);
+  if (i >= n) return my_fail(MODELYARD_INVALID_ARGUMENT, "%s %zu: the model has %zu", what, i, n);
   *out = t[i].info;
   return MODELYARD_OK;
 }
@@ -617,11 +600,11 @@ modelyard_status_t modelyard_output_info(const modelyard_model_t* m, size_t i, m
 }
 
 modelyard_status_t modelyard_set_input(modelyard_model_t* m, size_t i, const void* data, size_t bytes) {
-  if (!m || !data) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_set_input: NULL argument");
+  if (!m || !data) return my_fail(MODELYARD_INVALID_ARGUMENT, "modelyard_set_input: NULL argument");
   if (i >= m->n_inputs)
-    return fail(MODELYARD_INVALID_ARGUMENT, "input %zu: the model has %zu inputs", i, m->n_inputs);
+    return my_fail(MODELYARD_INVALID_ARGUMENT, "input %zu: the model has %zu inputs", i, m->n_inputs);
   if (bytes != m->inputs[i].info.byte_size)
-    return fail(MODELYARD_INVALID_ARGUMENT, "input %zu (%s): got %zu bytes, expected %zu (%s, %zu elements)",
+    return my_fail(MODELYARD_INVALID_ARGUMENT, "input %zu (%s): got %zu bytes, expected %zu (%s, %zu elements)",
                 i, m->inputs[i].info.name, bytes, m->inputs[i].info.byte_size,
                 m->inputs[i].info.dtype_name, m->inputs[i].info.byte_size / m->inputs[i].elem_size);
   pthread_mutex_lock(&m->lock);
@@ -634,13 +617,13 @@ modelyard_status_t modelyard_run(modelyard_model_t* m) {
   char err[MY_ERR_SIZE] = "";
   modelyard_status_t status;
   modelyard_timing_t timing = {0, 0, 0};
-  if (!m) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_run: NULL model");
+  if (!m) return my_fail(MODELYARD_INVALID_ARGUMENT, "modelyard_run: NULL model");
   pthread_mutex_lock(&m->lock);
   status = m->ops->run(m->state, (const void* const*)m->input_data, m->output_data, &timing, err);
   m->ran = status == MODELYARD_OK;  /* a failed run may have written some outputs: none is read */
   if (status == MODELYARD_OK) m->timing = timing;
   pthread_mutex_unlock(&m->lock);
-  if (status != MODELYARD_OK) return fail(status, "%s: running %s: %s", m->abi, m->backend_name, err);
+  if (status != MODELYARD_OK) return my_fail(status, "%s: running %s: %s", m->abi, m->backend_name, err);
   return MODELYARD_OK;
 }
 
@@ -649,24 +632,24 @@ static pthread_mutex_t* lock_of(const modelyard_model_t* m) { return (pthread_mu
 
 modelyard_status_t modelyard_get_output(const modelyard_model_t* m, size_t i, void* data, size_t bytes) {
   int ran;
-  if (!m || !data) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_get_output: NULL argument");
+  if (!m || !data) return my_fail(MODELYARD_INVALID_ARGUMENT, "modelyard_get_output: NULL argument");
   if (i >= m->n_outputs)
-    return fail(MODELYARD_INVALID_ARGUMENT, "output %zu: the model has %zu outputs", i, m->n_outputs);
+    return my_fail(MODELYARD_INVALID_ARGUMENT, "output %zu: the model has %zu outputs", i, m->n_outputs);
   if (bytes != m->outputs[i].info.byte_size)
-    return fail(MODELYARD_INVALID_ARGUMENT, "output %zu (%s): got room for %zu bytes, it has %zu",
+    return my_fail(MODELYARD_INVALID_ARGUMENT, "output %zu (%s): got room for %zu bytes, it has %zu",
                 i, m->outputs[i].info.name, bytes, m->outputs[i].info.byte_size);
   pthread_mutex_lock(lock_of(m));
   ran = m->ran;
   if (ran) memcpy(data, m->output_data[i], bytes);
   pthread_mutex_unlock(lock_of(m));
   if (!ran)
-    return fail(MODELYARD_INVALID_ARGUMENT, "output %zu: no successful modelyard_run yet (none, or the "
+    return my_fail(MODELYARD_INVALID_ARGUMENT, "output %zu: no successful modelyard_run yet (none, or the "
                 "last one failed)", i);
   return MODELYARD_OK;
 }
 
 modelyard_status_t modelyard_last_timing(const modelyard_model_t* m, modelyard_timing_t* out) {
-  if (!m || !out) return fail(MODELYARD_INVALID_ARGUMENT, "modelyard_last_timing: NULL argument");
+  if (!m || !out) return my_fail(MODELYARD_INVALID_ARGUMENT, "modelyard_last_timing: NULL argument");
   pthread_mutex_lock(lock_of(m));
   *out = m->timing;
   pthread_mutex_unlock(lock_of(m));
