@@ -49,7 +49,7 @@ from pathlib import Path
 
 import yaml
 
-from ..compilers.builds import built, built_abis
+from ..compilers.builds import built, built_abis, fallback_role
 from ..compilers.iree_backend import IREE
 from ..compilers.tvm_backend import TVM
 from ..core import codehash
@@ -208,7 +208,11 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
                               "path": str(artifact), "entry": "main",
                               "device": abi.run["device"]})
     tvm_results = {}
-    for abi in [a for a in built_abis(project, model, target, TVM) if a.run["via"] == "python"]:
+    for abi, role in tvm_rivals(project, model, target):
+        if role is not None:
+            say(f"{PROGRESS}{where}/{abi.name}: not built or timed: the build makes it only when "
+                f"{role['preferred']} fails ({role['why']})")
+            continue
         say(f"{PROGRESS}{where}/{abi.name}: the TVM build as `doit build` makes it")
         record, artifact = _build_tvm(project, model, target, abi, say)
         tvm_results[abi.name] = record
@@ -232,6 +236,17 @@ def search_model(project, model, target, window: dict, say=print) -> dict:
     if followers:
         entry["followers"] = followers
     return entry
+
+
+def tvm_rivals(project, model, target) -> list[tuple]:
+    """(ABI, None) for each TVM ABI the build makes for the model that runs here, the search's
+    rivals to IREE; (ABI, its fallback_role) for one the build makes only when the slot's
+    preferred ABI fails (an untuned build that cannot win): neither built nor timed."""
+    out = []
+    for abi in [a for a in built_abis(project, model, target, TVM) if a.run["via"] == "python"]:
+        role = fallback_role(project, model, target, abi)
+        out.append((abi, role if role and role["role"] == "fallback" else None))
+    return out
 
 
 class _GraphDigests:

@@ -15,8 +15,10 @@ here, so neither imports the other.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from ..core.errors import PipelineError
 from ..spec.target import load_target
 from .iree_backend import IREE
 
@@ -29,7 +31,16 @@ DEFAULT_BUDGET_S = 180.0  # per model and host ABI, when search= is not given
 # rewrite (compile.json then says `base`). None: the base flags. Chosen by the geometric mean of
 # bench/iree_defaults.py over public models and generated op-class graphs, side by side with
 # onnxruntime (docs/measurements/2026-12-03-iree-defaults.md, docs/configs.md).
-UNPINNED: str | None = None
+# The compile step caps its iree-compile (default_cap_s) and checks its artifact against golden
+# before keeping it; over the cap, failed or off golden, the base flags instead, and compile.json
+# says so (config.default_tried).
+UNPINNED: str | None = "dw-chunks-loops"
+# iree-compile's cap for the config UNPINNED names, in seconds: a rewrite that stalls the compiler
+# (dw-chunks on basic-pitch ran past 8 minutes where the base took 37 s) falls back to the base
+# flags instead of stalling the build. $MODELYARD_DEFAULT_CONFIG_CAP_S sets it; not in any step's
+# key (a machine's speed is no input), and compile.json records the cap a build ran under.
+CAP_VARIABLE = "MODELYARD_DEFAULT_CONFIG_CAP_S"
+DEFAULT_CAP_S = 300.0
 _TARGETS: dict = {}       # (registry folder, name) -> TargetSpec, for the ABIs followed
 
 
@@ -71,6 +82,23 @@ def unpinned(abi) -> dict | None:
     declared = abi.config(UNPINNED) if UNPINNED and timed_here(abi) else None
     return None if declared is None else {"name": declared["name"], "flags": list(declared["flags"]),
                                           "rewrites": list(declared["rewrites"])}
+
+
+def default_cap_s() -> float:
+    """iree-compile's cap for the config of a model without a pin ($MODELYARD_DEFAULT_CONFIG_CAP_S,
+    else DEFAULT_CAP_S)."""
+    raw = os.environ.get(CAP_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_CAP_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise PipelineError(f"${CAP_VARIABLE}={raw!r} is not a positive number of seconds",
+                            stage="iree_compile",
+                            hint=f"e.g. {CAP_VARIABLE}=600 (unset: {DEFAULT_CAP_S:g} s)")
+    return value
 
 
 def _default(abi) -> dict:

@@ -31,17 +31,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..compilers.iree_compiler import (attempts, compile_argv, compile_flags, diagnostics,
                                        find_compiler, first_error, import_argv, unsupported_ops)
 from ..compilers.backend import ENTRY
 from ..compilers.builds import built_abis, proxy_abis, variant_abis, variant_skip_reason
-from ..compilers.config_choice import decide, ranking_file
+from ..compilers.config_choice import CAP_VARIABLE, decide, default_cap_s, ranking_file
 from ..compilers.iree_backend import IREE
 from ..compilers.iree_targets import requirements
 from ..core.layout import static_model
+from ..core.errors import PipelineError
 from ..core.steps import StageConfig, Step, abi_step_name, key_value, where
 from ..core.store import pretty_json
 from ..core.tools import describe_exit, run_tool, tail
@@ -76,6 +80,9 @@ class Config(StageConfig):
     config: dict | None = None           # the pinned config (docs/configs.md): {name, flags, rewrites, pin}
     search: dict | None = None           # no pin: {from: search, source: TARGET/ABI, configs: [...]}
                                          # (this build's ranking, input `search`) or {from: base, why}
+    check: dict | None = None            # with search's `default`: the validate step's config
+                                         # (its key), which the default config's artifact must pass
+                                         # here before it is kept (else the base flags)
 
     def problems(self):
         if self.compiler != IREE.name:
@@ -132,11 +139,74 @@ class Config(StageConfig):
             key["config"] = key_value(self.config)
         if self.search is not None:
             key["search"] = key_value(self.search)
+        if self.check is not None:
+            key["check"] = key_value(self.check)
         return key
 
 
 def run(ctx) -> None:
     cfg, origin = _chosen(ctx, ctx.cfg)
+    if origin is not None and origin.get("from") == "default":
+        tried = _try_default(ctx, cfg, origin)
+        if tried is None:
+            return
+        cfg = dataclasses.replace(cfg, config=None)
+        origin = {**origin, "from": "base",
+                  "why": f"{origin['why'].split(': ' + tried['name'] + ', the config')[0]}; "
+                         f"{tried['name']}, the config of a model without a pin, was tried first: "
+                         f"{tried['why']}; the base flags instead", "default_tried": tried}
+        note = (f"modelyard: [model={ctx.step.where.get('model')} target={ctx.step.where.get('target')} "
+                f"stage={ctx.step.stage}] {tried['name']} (the config of a model without a pin) "
+                f"{tried['why']}: built with the ABI's base flags instead (compile.json "
+                f"config.default_tried)")
+        with open(ctx.log, "a") as log:
+            log.write(note + "\n")
+        print(note, file=sys.stderr, flush=True)
+    _build(ctx, cfg, origin)
+
+
+class _OverCap(Exception):
+    """iree-compile ran past the cap of the config of a model without a pin."""
+
+
+def _try_default(ctx, cfg: Config, origin: dict) -> dict | None:
+    """Build with the config of a model without a pin (config_choice.UNPINNED) with iree-compile
+    capped (config_choice.default_cap_s) and the artifact checked against golden here, as the
+    validate step will (cfg.check): None when it was built and passed (the outputs are written);
+    else what was tried and why it is not kept ({name, flags, rewrites, status, why, seconds,
+    cap_s}), the outputs removed, for the base flags."""
+    from .validate import Config as Check
+    from .validate import run_and_compare, runner_argv
+    cap = default_cap_s()
+    tried = {"name": cfg.config["name"], "flags": list(cfg.config["flags"]),
+             "rewrites": list(cfg.config["rewrites"]), "cap_s": cap}
+    began = time.monotonic()
+    try:
+        _build(ctx, cfg, origin, timeout=cap)
+        if cfg.check is not None:  # as the validate step runs it (the step's own ctx, its config)
+            view = SimpleNamespace(cfg=Check(**cfg.check), step=ctx.step, input=ctx.input,
+                                   scratch=ctx.scratch, log=ctx.log, error=ctx.error)
+            run_and_compare(view, ctx.output(IREE.artifact), runner_argv, what=IREE.what,
+                            run_hint=IREE.run_hint, wrong_hint=IREE.wrong_hint)
+        return None
+    except _OverCap:
+        tried.update(status="over-cap", why=f"iree-compile ran past its cap of {cap:g} s "
+                                            f"({CAP_VARIABLE} sets it) and was stopped")
+    except PipelineError as err:
+        stage = "validation" if ctx.output(IREE.artifact).is_file() else "compile"
+        lines = [l.strip() for l in err.what.strip().splitlines()]
+        first = " ".join([lines[0]] + [l for l in lines[1:] if "error:" in l][:1])[:300]
+        tried.update(status=f"failed-{stage}",
+                     why=f"its {stage} failed: {first}".replace(f"{ctx.scratch}/", ""))
+    tried["seconds"] = round(time.monotonic() - began, 1)
+    for name in OUTPUTS:
+        ctx.output(name).unlink(missing_ok=True)
+    return tried
+
+
+def _build(ctx, cfg: Config, origin: dict | None, timeout: float | None = None) -> None:
+    """Import, rewrite and compile with `cfg`'s flags (its attempts), writing the artifact and
+    compile.json. `timeout`: iree-compile's cap in seconds (_OverCap past it)."""
     where = dict(stage=ctx.step.stage, **ctx.step.where)
     mlir = ctx.scratch / "model.mlir"
     source, applied = ctx.input("model"), []
@@ -154,7 +224,11 @@ def run(ctx) -> None:
     tried, used, requires = [], None, None
     for attempt in _attempts(ctx, cfg):
         config = _attempt_config(cfg, attempt)
-        result, requires = _compile(ctx, cfg, config, mlir, vmfb)
+        result, requires = _compile(ctx, cfg, config, mlir, vmfb, timeout)
+        if result.timed_out:
+            vmfb.unlink(missing_ok=True)
+            mlir.unlink(missing_ok=True)
+            raise _OverCap()
         if result.returncode == 0:
             used = attempt
             tried.append({"flags": attempt["flags"], "status": "ok"})
@@ -261,7 +335,7 @@ def _unpinned(ctx, cfg: Config, base: dict) -> tuple[Config, dict]:
                     f"(docs/configs.md)"})
 
 
-def _compile(ctx, cfg: Config, config: dict, mlir: Path, vmfb: Path):
+def _compile(ctx, cfg: Config, config: dict, mlir: Path, vmfb: Path, timeout: float | None = None):
     """One iree-compile attempt; returns (its ToolRun, the Vulkan requirements or None).
 
     A Vulkan build runs in two phases: up to the executable sources (printed with their source
@@ -272,7 +346,7 @@ def _compile(ctx, cfg: Config, config: dict, mlir: Path, vmfb: Path):
     argv = compile_argv(find_compiler(), config, Path(mlir.name), vmfb)
     if cfg.backend != "vulkan-spirv":
         return run_tool(argv, log=ctx.log, what="iree-compile", check=False, cwd=ctx.scratch,
-                        **where), None
+                        timeout=timeout, **where), None
     staged = ctx.scratch / "executable-sources"
     staged.mkdir(exist_ok=True)
     sources = staged / mlir.name  # the same name: an op without a location gets this file's
@@ -402,11 +476,18 @@ def compile_step(layout, model, target, abi, twin: bool = False, config: dict | 
     if ranking is not None:
         inputs["search"] = ranking
         doc += f", the config this build's search of {search['source']} ranks first"
+    check = None
+    if search and search.get("default") and not twin:  # checked here before it is kept
+        from .validate import validate_step
+        validation = validate_step(layout, model, target, abi)
+        inputs.update({k: v for k, v in validation.inputs.items() if k.startswith("golden")})
+        check = validation.cfg.as_key()
     if twin:  # built with the flags that compiled the shipped artifact
         inputs["shipped"] = layout.artifact_stage(target.name, model.name, abi.name,
                                                   IREE.compile_stage) / "compile.json"
     return Step(stage=IREE.compile_stage, name=abi_step_name(model, target, abi) + ("/twin" if twin else ""),
-                version=VERSION, config=Config(**abi_config, entry=ENTRY, config=config, search=search),
+                version=VERSION, config=Config(**abi_config, entry=ENTRY, config=config, search=search,
+                                               check=check),
                 inputs=inputs, outputs=OUTPUTS,
                 out_dir=layout.artifact_stage(target.name, model.name, abi.name,
                                               "twin_compile" if twin else IREE.compile_stage),

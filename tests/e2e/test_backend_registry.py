@@ -4,8 +4,10 @@ the tree before the registry gave. The figures were recorded from that tree in
 tests/fixtures/backend_registry/host_tiny.json; an artifact is compared when this machine's
 compile tools (versions, the linker's sha256) are the ones it was recorded with. Two fields were
 set since, on purpose: `compile.config` of the IREE CPU ABI says where its config came from (a
-pin, the build's search or the base flags: issue 39), and the choice names that config; the
-bytes are the recorded ones."""
+pin, the build's search or the base flags: issue 39), and the choice names that config. And the
+IREE CPU bytes, on purpose: a model without a pin is built with compilers/config_choice.py
+UNPINNED (dw-chunks-loops, LLVM's loop passes added to the base flags; issue 39), and the fixture
+holds that artifact's sha256, size and flags, re-recorded from a build; TVM's are the recorded ones."""
 from __future__ import annotations
 
 import json

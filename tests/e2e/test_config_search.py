@@ -185,3 +185,27 @@ def test_search_pins_the_fastest_config_and_the_build_applies_it_without_timing(
     assert ("configs/host.yaml: models.m.abis.cpu-x86_64.config: 'fast' is not a config of "
             "host/cpu-x86_64 (it declares: default, o3, o3-upsample, broken): search again (doit search "
             "target=host model=m)") in failed.stderr
+
+
+def test_the_search_leaves_out_an_untuned_tvm_that_is_only_the_fallback(tmp_path):
+    """TVM with no tuning, in a slot whose IREE ABI is built, is the slot's fallback (built only
+    when IREE fails): `doit search` neither builds nor times it; a model that ships it (`ship:`)
+    gets it built and timed."""
+    from pipeline.bench.config_search import tvm_rivals
+    from pipeline.graph import load_project
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    (targets / "host.yaml").write_text(HOST)
+    for name, extra in (("plain", ""), ("ships_tvm", "ship:\n  host: {cpu: cpu-x86_64-tvm}\n")):
+        folder = tmp_path / "models" / name
+        tiny_onnx(folder / "model.onnx")
+        write_spec(folder, "model.onnx", sha256(folder / "model.onnx"), extra=extra)
+    # untuned=0: the product's default (the test workspaces build untuned TVM, tests/conftest.py)
+    project = load_project(tmp_path / "models", tmp_path / "artifacts", "host", targets, untuned="0")
+    (target,) = project.targets
+    rivals = {m.name: [(a.name, role) for a, role in tvm_rivals(project, m, target)]
+              for m in project.models}
+    ((abi, role),) = rivals["plain"]
+    assert abi == "cpu-x86_64-tvm" and role["role"] == "fallback" and role["preferred"] == "cpu-x86_64"
+    assert "untuned" in role["why"]
+    assert rivals["ships_tvm"] == [("cpu-x86_64-tvm", None)]

@@ -4,6 +4,7 @@ the winner; search=0 (the test workspaces' default, tests/conftest.py) builds wi
 flags and says so. A tiny model on a host registry of three configs keeps it short."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -89,3 +90,76 @@ def test_search_0_builds_the_base_flags_and_a_spent_budget_says_so(workspace, tm
     config = _compiled(workspace)["config"]
     assert config["from"] == "base" and config["not_tried"] == doc["not_tried"]
     assert "used its budget of 1 s before a candidate was built" in config["why"]
+
+
+UNPINNED_CONFIGS = ("loops", "dw-chunks-loops")
+
+
+def _unpinned_registry(folder):
+    """host.yaml with its IREE CPU ABI only and the two configs of a model without a pin."""
+    doc = yaml.safe_load((REPO / "pipeline/targets/host.yaml").read_text())
+    abi = doc["abis"]["cpu-x86_64"]
+    abi["configs"] = [c for c in abi["configs"] if c["name"] in UNPINNED_CONFIGS]
+    doc["abis"], doc["fallback"] = {"cpu-x86_64": abi}, ["cpu-x86_64"]
+    doc.pop("ship", None)
+    folder.mkdir()
+    (folder / "host.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
+def test_the_config_of_a_model_without_a_pin_is_capped_and_checked_else_the_base_flags(
+        workspace, tmp_path, monkeypatch):
+    """search=0: the config UNPINNED names is built (its flags, compile.json `from: default`) and
+    validated; a compile past the cap ($MODELYARD_DEFAULT_CONFIG_CAP_S), a compile that fails and
+    an artifact off golden each build the base flags instead, and compile.json says which and why."""
+    from pipeline.compilers import config_choice
+    from pipeline.core.steps import execute
+    from pipeline.graph import load_project
+    from pipeline.stages import iree_compile
+    assert config_choice.UNPINNED in UNPINNED_CONFIGS
+    loops = ["--iree-llvmcpu-loop-vectorization", "--iree-llvmcpu-loop-unrolling",
+             "--iree-llvmcpu-loop-interleaving"]
+    add_tiny_model(workspace.models, "tiny")
+    targets = _unpinned_registry(tmp_path / "targets")
+    assert workspace.doit("static", "golden").returncode == 0
+    project = load_project(workspace.models, workspace.artifacts, "host", targets, search="0")
+    (step,) = [s for s in iree_compile.steps(project) if s.name == "host/tiny/cpu-x86_64"]
+    assert "golden.json" in step.inputs and step.cfg.check["tolerance"]["max_abs"] == 1.0e-4
+    out = step.out_dir / "compile.json"
+    assert execute(step) == "ran"  # the config, checked against golden here
+    compiled = json.loads(out.read_text())
+    assert compiled["config"]["from"] == "default" and compiled["config"]["name"] == config_choice.UNPINNED
+    assert all(f in compiled["flags"] for f in loops) and "default_tried" not in compiled["config"]
+
+    def again(step, **env):
+        shutil.rmtree(workspace.artifacts / ".store")  # what the cap decided is in no key
+        step.record.unlink()
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert execute(step) == "ran"
+        return json.loads(out.read_text())
+
+    # past the cap: stopped, the base flags
+    report = again(step, MODELYARD_DEFAULT_CONFIG_CAP_S="0.05")
+    tried = report["config"]["default_tried"]
+    assert report["config"]["from"] == "base" and report["config"]["name"] == "default"
+    assert tried["status"] == "over-cap" and tried["cap_s"] == 0.05 and tried["name"] == config_choice.UNPINNED
+    assert "search=0" in report["config"]["why"] and "ran past its cap of 0.05 s" in report["config"]["why"]
+    assert not any(f in report["flags"] for f in loops) and report["flags"] == compiled["flags"][:-3]
+    monkeypatch.delenv("MODELYARD_DEFAULT_CONFIG_CAP_S")
+
+    # a compile that fails (a flag iree-compile does not know): the base flags
+    bad = dataclasses.replace(step.cfg, search={**step.cfg.search, "default": {
+        **step.cfg.search["default"], "flags": ["--iree-no-such-flag"]}})
+    report = again(dataclasses.replace(step, config=bad))
+    assert report["config"]["default_tried"]["status"] == "failed-compile"
+    assert "--iree-no-such-flag" not in report["flags"] and report["config"]["from"] == "base"
+
+    # an artifact off golden (golden's output moved by 1): the base flags, and why
+    import numpy as np
+    golden = step.inputs["golden:output_0.npy"]
+    np.save(golden, np.load(golden) + 1.0)
+    report = again(step)
+    tried = report["config"]["default_tried"]
+    assert tried["status"] == "failed-validation" and "differ from golden" in tried["why"]
+    assert report["config"]["from"] == "base" and not any(f in report["flags"] for f in loops)

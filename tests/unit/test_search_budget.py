@@ -111,8 +111,14 @@ def test_a_model_without_a_pin_is_searched_on_the_host_abi_not_followed_on_aarch
     off = _project(models, tmp_path / "artifacts", "host", 0)
     assert off.steps("search_configs") == []
     (host,) = [s for s in iree_compile.steps(off) if s.name == "host/tiny/cpu-x86_64"]
-    assert host.cfg.search == {"from": "base", "why": host.cfg.search["why"]}
+    assert host.cfg.search == {"from": "base", "why": host.cfg.search["why"],  # and UNPINNED's
+                               **({"default": config_choice.unpinned(x86_abi(off))}
+                                  if config_choice.UNPINNED else {})}
     assert "search=0" in host.cfg.search["why"] and "search" not in host.inputs
+
+
+def x86_abi(project):
+    return next(a for a in project.targets[0].abis if a.name == "cpu-x86_64")
 
 
 def _ranking(config, order, timed, not_tried=()):
