@@ -250,12 +250,14 @@ def make_workspace(ws: Path, names: list[str], say=print) -> dict:
 # ----------------------------------------------------------------------------- one model
 def measure_model(project, model, target, abi, configs: list[str], repeats: int, window: dict,
                   say=print, candidates: dict | None = None, first_cap: float = 1800.0,
-                  budget: float | None = None, min_cap: float | None = None) -> dict:
+                  budget: float | None = None, min_cap: float | None = None,
+                  fixed_cap: float | None = None) -> dict:
     """Build and validate each candidate (same-as where the bytes would be an earlier one's),
     then time the validated ones with onnxruntime side by side, `repeats` times.
     `candidates`: name -> (flags, rewrites) (default CANDIDATES); the first candidate may build
     for `first_cap` s, each other for CAP_FACTOR x the first's time (at least `min_cap`,
-    default CAP_MIN_S) and within what is left of `budget` s (None: no budget)."""
+    default CAP_MIN_S; `fixed_cap`: that many seconds instead) and within what is left of `budget`
+    s (None: no budget)."""
     from pipeline.bench.config_search import (CAP_FACTOR, CAP_MIN_S, _build_candidate,
                                               _GraphDigests, _time, bounded)
     from pipeline.compilers.iree_backend import IREE
@@ -276,7 +278,7 @@ def measure_model(project, model, target, abi, configs: list[str], repeats: int,
             say(f"[defaults] {model.name}: {name} is {seen[same]} here (its rewrites match nothing more)")
             continue
         seen[same] = name
-        cap = max(CAP_FACTOR * default_cost, min_cap) if default_cost else first_cap
+        cap = (fixed_cap or max(CAP_FACTOR * default_cost, min_cap)) if default_cost else first_cap
         if budget is not None and default_cost is not None:
             left = budget - (time.monotonic() - start)
             if left < min(cap, min_cap):
