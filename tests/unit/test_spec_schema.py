@@ -151,7 +151,7 @@ def test_a_model_spec_with_many_problems_reports_them_all(tmp_path):
     got = [p[len(where) + 2:] for p in problems]
     expected = [
         "unknown key 'licence' (allowed: description, inputs, "
-        "license, npu, opset, preprocessing, release, shapes, ship, skip, source, tolerance, tvm, variants)",
+        "license, npu, opset, postprocess, preprocessing, release, shapes, ship, skip, source, tolerance, tvm, variants)",
         "inputs.conv2d_58.tmp_0.dtype: 'float33' is not one of float32, float16, float64, int64, "
         "int32, int8, uint8, bool",
         "inputs.conv2d_58.tmp_0.test_data.random.seed: must be >= 0, got -2",
