@@ -11,6 +11,7 @@ llvm-cpu for the host, validate): validation.json records the detections matched
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -22,10 +23,12 @@ import pytest
 
 from families import detectors as det
 from pipeline import graph
+from pipeline.compilers.backends import backend_of
 from pipeline.core.errors import PipelineError, SpecError
 from pipeline.core.steps import execute
 from pipeline.rewrite.postprocess import split
 from pipeline.run.detections import match
+from pipeline.release import release
 from pipeline.spec.model import load_models
 from pipeline.spec.postprocess import find_cut
 from pipeline.stages import iree_compile, static, validate
@@ -118,7 +121,6 @@ def test_a_changed_detection_does_not_match(change):
 def _spec(folder, case, postprocess: str, tolerance: str = "max_abs: 1.0e-4, mean_abs: 1.0e-5"):
     folder.mkdir(parents=True)
     onnx.save(case.model(), folder / "model.onnx")
-    import hashlib
     sha = hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()
     (folder / "model.yaml").write_text(
         f"source: {{path: model.onnx, sha256: {sha}}}\n"
@@ -170,6 +172,8 @@ def test_the_stages_build_the_static_part_and_validate_detections(tmp_path, case
     found = checked["detections"]
     assert found["passed"] and found["matched"] == found["golden"] == found["artifact"] > 0
     assert found["min_iou"] >= 0.9 and found["max_score_diff"] <= 1e-3
+    if not loose:
+        _release_ships_the_post_processing(proj, host, abi, steps, made, checked)
     if loose:  # golden's best score moved by 0.05: the raw outputs still pass, the detections not
         best_file = steps[1].out_dir / golden["outputs"][0]["file"]
         best = np.load(best_file)
@@ -255,3 +259,31 @@ def test_the_c_runtime_nms_selects_as_onnxruntime(test_nms, tmp_path, kind, iou,
     got = np.frombuffer((tmp_path / "out.raw").read_bytes(), np.int64).reshape(-1, 3)
     assert np.array_equal(got, want), (got, want)
     assert len(want) > 0 or most == 0
+
+
+def _release_ships_the_post_processing(proj, host, abi, steps, made, checked):
+    """release.plan on a build manifest whose model entry carries what the manifest stage writes
+    for a cut detector (static.json's postprocess + the sha256 of postprocess.onnx): the file
+    ships beside the artifact with that sha256, release.json says how to run it."""
+    post = steps[2].out_dir / "postprocess.onnx"
+    sha = hashlib.sha256(post.read_bytes()).hexdigest()
+    backend = backend_of(abi)
+    art_file = steps[3].out_dir / backend.artifact
+    art = {"path": proj.layout.relative(art_file), "abi": {"name": abi.name, "run": abi.run},
+           "sha256": hashlib.sha256(art_file.read_bytes()).hexdigest(),
+           "size": art_file.stat().st_size, "format": backend.format, "entry": "main",
+           "compile": {"flags": [], "tools": {"iree-base-compiler": "3.13"}},
+           "validation": {k: checked[k] for k in ("status", "executed", "tolerance", "outputs",
+                                                   "shipped_bytes_executed", "detections")}}
+    golden = json.loads((steps[1].out_dir / "golden.json").read_text())
+    build = {"target": "host", "models": {"case": {
+        "description": "", "source": {}, "artifacts": {abi.name: art},
+        "io": {k: [{f: e[f] for f in ("name", "shape", "dtype")} for e in golden[k]]
+               for k in ("inputs", "outputs")},
+        "postprocess": {**made["postprocess"], "sha256": sha}}}}
+    ship, doc, _ = release.plan(proj, host, build)
+    assert ship["models/case/postprocess.onnx"] == release.Ship(post, sha)
+    entry = doc["models"]["case"]["postprocess"]
+    assert entry["file"] == "models/case/postprocess.onnx" and entry["sha256"] == sha
+    assert entry["cut"] == ["boxes", "scores"] and entry["inputs"] == ["boxes", "scores", "x"]
+    assert entry["outputs"] == ["det_boxes", "det_scores", "det_classes"]
