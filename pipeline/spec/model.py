@@ -325,7 +325,9 @@ def load_model(spec_path: Path, memo_dir: Path | None = None) -> tuple[list[Mode
                      source_format=source_format(source), external_data=external, tvm=tvm,
                      ship=parse_ship(doc.ship),
                      npu=doc.npu.model_dump(exclude_none=True) if doc.npu else {},
-                     postprocess=postprocess)
+                     # "model": whose static stage writes postprocess.onnx (the split of the
+                     # imported graph, the same for its shape and precision variants)
+                     postprocess={**postprocess, "model": name} if postprocess else {})
     return expand_shapes(spec, shape_variants), []
 
 
