@@ -130,7 +130,8 @@ class FallbackDoc(Doc):
 # Graph rewrites an ABI may declare as workarounds (pipeline/rewrite/abi_rewrites.py: REWRITES)
 ABI_REWRITES = ("depthwise_conv_as_dense", "depthwise_conv3x3_as_slices", "depthwise_conv_as_slices",
                 "depthwise_conv_as_slice_chunks", "conv_transpose_as_depth_to_space",
-                "nearest_resize_as_expand", "strided_conv_as_im2col", "conv1d_as_matmul")
+                "nearest_resize_as_expand", "strided_conv_as_im2col", "conv1d_as_matmul",
+                "pointwise_conv_as_matmul")
 
 
 class WorkaroundDoc(Doc):

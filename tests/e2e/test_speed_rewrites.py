@@ -339,3 +339,42 @@ def test_conv1d_as_matmul_leaves_the_others_alone(name, model, x):
     before = model.SerializeToString()
     assert conv1d_as_matmul(model) == []
     assert model.SerializeToString() == before
+
+
+# ----------------------------------------------------------------------------- 1x1 Convs
+def pointwise_model(cin: int, cout: int, bias: bool, batch: int = 1, **attrs):
+    """x[batch, cin, 6, 9] -> Relu -> Conv (cin -> cout, 1x1) -> Relu"""
+    inits = weights((cout, cin, 1, 1), cout if bias else None, seed=cin + cout)
+    return relu_op_relu([batch, cin, 6, 9], "Conv", list(inits), inits, kernel_shape=[1, 1], **attrs)
+
+
+@pytest.mark.parametrize("cin,cout,bias,batch", [(8, 12, True, 1), (16, 4, False, 1), (5, 7, True, 2)])
+def test_pointwise_conv_as_matmul_is_the_same_function(cin, cout, bias, batch, tmp_path):
+    """A 1x1 Conv as Reshape to [C, H*W] + MatMul (+ bias) + Reshape: onnxruntime gives the Conv's
+    numbers (a batch of 2 included), and so does IREE's host build of the first case."""
+    from pipeline.rewrite.abi_rewrites import pointwise_conv_as_matmul
+    model = pointwise_model(cin, cout, bias, batch)
+    x = np.random.default_rng(cin).standard_normal((batch, cin, 6, 9)).astype(np.float32)
+    expected = ort_run(model, x)
+    assert pointwise_conv_as_matmul(model) == ["op"]
+    ops = [n.op_type for n in model.graph.node]
+    assert "Conv" not in ops and ops.count("MatMul") == 1 and ops.count("Add") == int(bias)
+    tol = 1e-5 * np.abs(expected).max()
+    assert np.abs(ort_run(model, x) - expected).max() <= tol
+    if (cin, cout) == (8, 12):
+        assert np.abs(iree_run(model, x, tmp_path) - expected).max() <= tol
+
+
+@pytest.mark.parametrize("attrs", [{"strides": [2, 2]}, {"pads": [1, 1, 1, 1]}, {"group": 2}],
+                         ids=["strided", "padded", "grouped"])
+def test_pointwise_conv_as_matmul_leaves_the_others_alone(attrs):
+    """Strided, padded and grouped 1x1 Convs, and every larger kernel: not rewritten."""
+    from pipeline.rewrite.abi_rewrites import pointwise_conv_as_matmul
+    group = attrs.get("group", 1)
+    inits = weights((8, 8 // group, 1, 1), 8)
+    model = relu_op_relu([1, 8, 6, 9], "Conv", list(inits), inits, kernel_shape=[1, 1], **attrs)
+    larger = dense_model(3, (1, 1), True, pads=[1, 1, 1, 1])
+    for m in (model, larger):
+        before = m.SerializeToString()
+        assert pointwise_conv_as_matmul(m) == []
+        assert m.SerializeToString() == before
