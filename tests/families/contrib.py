@@ -136,6 +136,9 @@ class Lstm:
     y: bool = True              # Y among the node's outputs
     source: str = "input"       # input (X a graph input) | embedding (Gather of ids, Transpose)
     stacked: bool = False       # a second LSTM on the first one's Y (Transpose + Reshape)
+    computed: bool = False      # ... the Reshape's shape computed from Shape(Y) as PyTorch's
+    #                             dynamo exporter writes it (Slice, Mul, Reshape, Concat: onnx's
+    #                             data propagation stops at the Reshape)
     opset: int = 17
 
     @property
@@ -147,7 +150,8 @@ class Lstm:
         return (f"{self.direction}-b{self.batch}-{'s8' if self.signed else 'u8'}"
                 f"-{'col' if self.per_column else 'dir'}{'-bias' if self.bias else ''}"
                 f"-state_{self.state}-lens_{self.lens}{'' if self.y else '-noY'}-x_{self.source}"
-                f"{'-stacked' if self.stacked else ''}-op{self.opset}")
+                f"{'-stacked' if self.stacked else ''}{'-computed' if self.computed else ''}"
+                f"-op{self.opset}")
 
     def lengths(self):
         import numpy as np
@@ -225,7 +229,18 @@ class Lstm:
             return [o for o in outs if o]
         nodes += [h.make_node("Transpose", [p + "Y"], [p + "Yt"], perm=[0, 2, 1, 3]),
                   h.make_node("Reshape", [p + "Yt", p + "shape"], [p + "next"])]
-        inits.append(nh.from_array(np.array([0, 0, -1], np.int64), p + "shape"))
+        if not self.computed:
+            inits.append(nh.from_array(np.array([0, 0, -1], np.int64), p + "shape"))
+            return p + "next"
+        for k in range(5):
+            inits.append(nh.from_array(np.array([k], np.int64), f"{p}at{k}"))
+        inits.append(nh.from_array(np.array([1], np.int64), p + "one"))
+        nodes[-1:-1] = [h.make_node("Shape", [p + "Yt"], [p + "dims"])] + [
+            h.make_node("Slice", [p + "dims", f"{p}at{k}", f"{p}at{k + 1}"], [f"{p}d{k}"])
+            for k in range(4)] + [
+            h.make_node("Mul", [p + "d2", p + "d3"], [p + "d23"]),
+            h.make_node("Reshape", [p + "d23", p + "one"], [p + "flat"]),
+            h.make_node("Concat", [p + "d0", p + "d1", p + "flat"], [p + "shape"], axis=0)]
         return p + "next"
 
     @staticmethod
