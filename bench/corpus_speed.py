@@ -198,6 +198,7 @@ def resolve(row: dict) -> dict:
 
 
 def page(rows: dict, configs: list[str], args, started: str, load: list) -> str:
+    configs = list(dict.fromkeys(configs + [c for r in rows.values() for c in r.get("candidates", {})]))
     measured = {m: r for m, r in rows.items() if r.get("status") == "measured" and resolve(r).get("shipped")}
     res = {m: resolve(r) for m, r in measured.items()}
     ships = [v["shipped"] for v in res.values()]

@@ -35,7 +35,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..compilers.iree_compiler import (attempts, compile_argv, compile_flags, diagnostics,
                                        find_compiler, first_error, import_argv, unsupported_ops)
@@ -44,7 +43,8 @@ from ..compilers.builds import built_abis, proxy_abis, variant_abis, variant_ski
 from ..compilers.config_choice import CAP_VARIABLE, decide, default_cap_s, ranking_file
 from ..compilers.iree_backend import IREE
 from ..compilers.iree_targets import requirements
-from ..core.layout import static_model
+from ..core.layout import golden_files, read_golden, static_model
+from ..core.numerics import compare, describe_failures, summary
 from ..core.errors import PipelineError
 from ..core.steps import StageConfig, Step, abi_step_name, key_value, where
 from ..core.store import pretty_json
@@ -80,9 +80,10 @@ class Config(StageConfig):
     config: dict | None = None           # the pinned config (docs/configs.md): {name, flags, rewrites, pin}
     search: dict | None = None           # no pin: {from: search, source: TARGET/ABI, configs: [...]}
                                          # (this build's ranking, input `search`) or {from: base, why}
-    check: dict | None = None            # with search's `default`: the validate step's config
-                                         # (its key), which the default config's artifact must pass
-                                         # here before it is kept (else the base flags)
+    check: dict | None = None            # with search's `default`: what the validate step holds
+                                         # the artifact to ({run, entry, tolerance, arithmetic}),
+                                         # checked here before the default config's artifact is
+                                         # kept (else the base flags)
 
     def problems(self):
         if self.compiler != IREE.name:
@@ -175,19 +176,14 @@ def _try_default(ctx, cfg: Config, origin: dict) -> dict | None:
     validate step will (cfg.check): None when it was built and passed (the outputs are written);
     else what was tried and why it is not kept ({name, flags, rewrites, status, why, seconds,
     cap_s}), the outputs removed, for the base flags."""
-    from .validate import Config as Check
-    from .validate import run_and_compare, runner_argv
     cap = default_cap_s()
     tried = {"name": cfg.config["name"], "flags": list(cfg.config["flags"]),
              "rewrites": list(cfg.config["rewrites"]), "cap_s": cap}
     began = time.monotonic()
     try:
         _build(ctx, cfg, origin, timeout=cap)
-        if cfg.check is not None:  # as the validate step runs it (the step's own ctx, its config)
-            view = SimpleNamespace(cfg=Check(**cfg.check), step=ctx.step, input=ctx.input,
-                                   scratch=ctx.scratch, log=ctx.log, error=ctx.error)
-            run_and_compare(view, ctx.output(IREE.artifact), runner_argv, what=IREE.what,
-                            run_hint=IREE.run_hint, wrong_hint=IREE.wrong_hint)
+        if cfg.check is not None:
+            _check(ctx, cfg.check, ctx.output(IREE.artifact))
         return None
     except _OverCap:
         tried.update(status="over-cap", why=f"iree-compile ran past its cap of {cap:g} s "
@@ -202,6 +198,41 @@ def _try_default(ctx, cfg: Config, origin: dict) -> dict | None:
     for name in OUTPUTS:
         ctx.output(name).unlink(missing_ok=True)
     return tried
+
+
+def check_of(model, abi) -> dict:
+    """What the validate step holds the ABI's artifact to (stages/validate.py validate_step): how
+    it runs here, its tolerance against golden and the arithmetic the bounds follow."""
+    tolerance, _ = IREE.validation_tolerance(abi, None) or (model.tolerance.as_dict(), None)
+    arithmetic = getattr(abi, "precision", None)
+    return {"run": dict(abi.run), "entry": ENTRY, "tolerance": tolerance,
+            "arithmetic": None if arithmetic in (None, "fp32") else arithmetic}
+
+
+def _check(ctx, check: dict, vmfb: Path) -> None:
+    """Run the artifact on the golden inputs as the validate step will and compare; a failed run
+    or outputs beyond the tolerance raise PipelineError."""
+    import numpy as np  # numpy: 0.2 s, not needed by doit list
+    doc, _, expected = read_golden(ctx)
+    inputs = [ctx.input(f"golden:{e['file']}") for e in doc["inputs"]]
+    outputs = [ctx.scratch / f"check_{k}.npy" for k in range(len(doc["outputs"]))]
+    where = dict(stage=ctx.step.stage, **ctx.step.where)
+    argv, executed, env = IREE.runner(check["run"], check["entry"], vmfb, inputs, outputs, where)
+    run_tool(argv, log=ctx.log, what=f"running the artifact on golden's inputs ({executed['where']})",
+             env=env, timeout=3600, hint=IREE.run_hint, **where)
+    actual = []
+    for path, want in zip(outputs, expected):
+        got = np.load(path, allow_pickle=False)
+        if got.dtype != want.dtype and got.dtype.kind in "iu" and want.dtype.kind in "iu" \
+                and got.dtype.itemsize == want.dtype.itemsize:  # IREE's signless integers
+            got = got.view(want.dtype)
+        actual.append(got)
+        path.unlink()
+    result = compare(actual, expected, [o["name"] for o in doc["outputs"]], check["tolerance"],
+                     check["arithmetic"])
+    if not result["passed"]:
+        raise ctx.error(f"outputs differ from golden: {describe_failures(result)} ({summary(result)})",
+                        hint=IREE.wrong_hint)
 
 
 def _build(ctx, cfg: Config, origin: dict | None, timeout: float | None = None) -> None:
@@ -478,10 +509,8 @@ def compile_step(layout, model, target, abi, twin: bool = False, config: dict | 
         doc += f", the config this build's search of {search['source']} ranks first"
     check = None
     if search and search.get("default") and not twin:  # checked here before it is kept
-        from .validate import validate_step
-        validation = validate_step(layout, model, target, abi)
-        inputs.update({k: v for k, v in validation.inputs.items() if k.startswith("golden")})
-        check = validation.cfg.as_key()
+        inputs.update(golden_files(layout, model))
+        check = check_of(model, abi)
     if twin:  # built with the flags that compiled the shipped artifact
         inputs["shipped"] = layout.artifact_stage(target.name, model.name, abi.name,
                                                   IREE.compile_stage) / "compile.json"
