@@ -18,7 +18,9 @@ How it converts:
 - control flow: IF becomes ONNX If, each branch subgraph converted into the If's then/else graph
   (its inputs are the IF's operands, read from the outer scope; nested IFs likewise); the static
   stage folds it when the condition is known once the inputs are bound (fold-constant-if), else
-  it stays an If, compiled as one (its branches must give one shape). WHILE is refused by name;
+  it stays an If, compiled as one (its branches must give one shape). WHILE becomes a Loop with
+  no trip count, its condition subgraph inlined before it and at the end of its body (the static
+  stage unrolls it when folding fixes the count: unroll-loop). CALL is refused by name;
 - an op or an option outside the table below raises Unsupported naming the op, its index and why.
 """
 from __future__ import annotations
@@ -55,6 +57,9 @@ class _Converter:
         """Convert into subgraph `sub` from now on; `bound`: its tensors that are outer ONNX
         values (a branch's inputs: the IF's operands)."""
         self.sub, self.nodes, self.inits, self.names, self.cache = sub, [], [], dict(bound), {}
+        self._name_tensors(sub, bound)
+
+    def _name_tensors(self, sub, bound: dict) -> None:
         for i, t in enumerate(sub.tensors):  # unique ONNX names, the TFLite ones where free
             if i in bound:
                 continue
@@ -191,8 +196,8 @@ class _Converter:
         handler = getattr(self, f"op_{name}", None)
         if handler is None:
             raise Unsupported(f"op {name} ({where}operator #{k}) has no conversion here"
-                              + (" (control flow: only IF is converted)" if name in
-                                 ("WHILE", "CALL", "CALL_ONCE") else ""))
+                              + (" (control flow: IF and WHILE are converted)" if name in
+                                 ("CALL", "CALL_ONCE") else ""))
         try:
             handler(op, list(op.inputs), list(op.outputs), op.builtinOptions)
         except Unsupported as exc:
@@ -249,6 +254,55 @@ class _Converter:
         finally:
             self.depth -= 1
             self.sub, self.nodes, self.inits, self.names, self.cache = outer
+
+    def _inline(self, index: int, values: list[str], where: str) -> list[str]:
+        """TFLite subgraph `index` converted into the graph being built (its nodes appended here),
+        its inputs bound to the ONNX values `values`; returns its outputs' ONNX names."""
+        if not 0 < index < len(self.model.subgraphs):
+            raise Unsupported(f"{where} subgraph #{index} does not exist")
+        sub = self.model.subgraphs[index]
+        if len(sub.inputs) != len(values):
+            raise Unsupported(f"{where} subgraph #{index} takes {len(sub.inputs)} inputs, "
+                              f"{len(values)} are given")
+        outer = (self.sub, self.names, self.cache)
+        self.depth += 1
+        try:
+            self.sub, self.names, self.cache = sub, dict(zip(sub.inputs, values)), {}
+            self._name_tensors(sub, self.names)
+            for k, op in enumerate(sub.operators):
+                self._convert_op(k, op, f"{where} subgraph #{index} ")
+            return [self.names[i] for i in sub.outputs]
+        finally:
+            self.depth -= 1
+            self.sub, self.names, self.cache = outer
+
+    def op_WHILE(self, op, ins, outs, o):
+        """TFLite WHILE (cond subgraph, body subgraph, loop variables) -> ONNX Loop with no trip
+        count: the condition subgraph inlined once on the initial values (the Loop's first
+        condition) and once in the body after the body subgraph (the next one). The static stage
+        unrolls it when its trip count is known after folding (unroll-loop), else names it."""
+        scalar = self.constant(np.zeros(0, np.int64), "scalar")
+        init = [self.raw(i) for i in ins]
+        first = self.node("Reshape", [self._inline(o.condSubgraphIndex, init, "cond")[0], scalar])
+        outer_nodes, outer_inits = self.nodes, self.inits
+        self.nodes, self.inits = [], []
+        try:
+            carried = [self.fresh(f"{self.names[i]}_carried") for i in ins]
+            step = self._inline(o.bodySubgraphIndex, carried, "body")
+            again = self._inline(o.condSubgraphIndex, step, "cond")[0]
+            results = [self.node("Reshape", [again, scalar], [self.fresh("while_cond")])]
+            results += [self.node("Identity", [n], [self.fresh(f"{self.names[i]}_next")])
+                        for n, i in zip(step, outs)]
+            body = helper.make_graph(
+                self.nodes, "while_body",
+                [helper.make_tensor_value_info(self.fresh("iteration"), 7, []),
+                 helper.make_tensor_value_info(self.fresh("cond_in"), 9, [])]
+                + [self.info(i, n) for i, n in zip(ins, carried)],
+                [helper.make_tensor_value_info(results[0], 9, [])]
+                + [self.info(i, n) for i, n in zip(outs, results[1:])], initializer=self.inits)
+        finally:
+            self.nodes, self.inits = outer_nodes, outer_inits
+        self.node("Loop", ["", first, *init], [self.names[i] for i in outs], body=body)
 
     def op_IF(self, op, ins, outs, o):
         """TFLite IF (cond, operands...) -> ONNX If over the two branch subgraphs; the outputs are

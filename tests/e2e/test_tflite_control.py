@@ -1,6 +1,7 @@
 """TFLite control flow and dynamic inputs (issue 40, the TFLite classes the public corpus left;
 tests/families/tflite_control.py): IF converted into ONNX If with its branch subgraphs (nested,
-int8), each branch checked against LiteRT on inputs that take it; an input whose dims are all
+int8), each branch checked against LiteRT on inputs that take it; WHILE into a Loop the static
+stage unrolls; an input whose dims are all
 dynamic checked at the spec's shape, LiteRT's refusal at any other a route failure naming the
 step, never a traceback; two members built through the pipeline to a validated IREE artifact.
 Figures: docs/measurements/2026-12-03-tflite-classes.md."""
@@ -13,7 +14,6 @@ import pytest
 
 from conftest import sha256, target_registry
 from families import tflite_control as fam
-from families.tflite import Graph, _op
 from pipeline.rewrite import sources as conversion
 from pipeline.rewrite import tflite_onnx
 from pipeline.spec.sources import DIRECT_TFLITE, NNEF_TOOLS_TFLITE, read_signature
@@ -79,15 +79,26 @@ def test_an_if_model_takes_the_direct_route_and_records_why(tmp_path):
     assert "sub-graphs" in record["attempts"][0]["reason"]
 
 
-def test_while_is_refused_naming_the_op():
-    g = Graph(0)
-    x = g.tensor("x", [1])
-    y = g.tensor("y", [1])
-    g.op(_op("WHILE"), [x], [y], g.options("WhileOptions", condSubgraphIndex=1, bodySubgraphIndex=2),
-         "WhileOptions")
-    with pytest.raises(tflite_onnx.Unsupported, match=r"op WHILE \(operator #0\) has no conversion "
-                                                      r"here \(control flow: only IF is converted\)"):
-        tflite_onnx.convert(g.finish([x], [y]))
+def test_while_becomes_a_loop_that_static_unrolls(tmp_path):
+    """while_count (a counter i < 3, the body scales, shifts and ReLUs the input): an ONNX Loop
+    with no trip count, its first condition the cond subgraph on the initial values and the next
+    one computed in the body; equal to LiteRT bit for bit; the static stage unrolls it (3
+    iterations, `until its condition turned false`), no Loop left."""
+    import collections
+    import onnx
+    from pipeline.stages.static import make_static
+    source = tmp_path / "while_count.tflite"
+    source.write_bytes(MEMBERS["while_count"])
+    model = tflite_onnx.convert(MEMBERS["while_count"])
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node].count("Loop") == 1
+    for seed in range(3):
+        arrays = {"x": np.random.default_rng(seed).uniform(-1, 1, (1, fam.N)).astype(np.float32)}
+        np.testing.assert_array_equal(_run(model, arrays)["y"], conversion.tflite_run(source, arrays)["y"])
+    static, made = make_static(model, [{"name": "x", "shape": [1, fam.N], "dtype": "float32"}], ())
+    (unrolled,) = [r for r in made["rewrites"] if r["rule"] == "unroll-loop"]
+    assert "3 iterations" in unrolled["nodes"][0]
+    assert collections.Counter(n.op_type for n in static.graph.node) == {"Mul": 3, "Add": 3, "Relu": 3}
 
 
 def test_an_all_dynamic_input_is_checked_at_the_spec_shape_and_litert_refusals_are_errors(tmp_path):

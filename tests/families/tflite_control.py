@@ -10,6 +10,8 @@ public corpus left): written with the object API of the schema LiteRT ships, see
                     owns (an IF operand) and one of its own (a branch constant)
     if_int8         int8 operands and output (quantized input, branch weights and output: the IF
                     output stays integer; the branches requantize to its scale)
+    while_count     WHILE: a counter i < 3 in the cond subgraph, the body scales and shifts the
+                    input (ADD with a fused RELU) and counts; the loop runs 3 times
     dynamic_conv    an input whose dims are all dynamic ([-1, -1], like openWakeWord's
                     melspectrogram): RESHAPE to [1, 1, -1, 1] -> CONV_2D 1x5 VALID; LiteRT cannot
                     prepare it at 1x1 (the conv's output would have width -3), only at a length
@@ -144,6 +146,35 @@ def if_int8(seed: int = 2) -> bytes:
     return g.finish([x], [out])
 
 
+def while_count(seed: int = 4) -> bytes:
+    g = BranchGraph(seed)
+    x = g.tensor("x", [1, N])
+    i0 = g.const("i0", np.array([0], np.int32))
+    i_out, out = g.tensor("i_final", [1], INT32), g.tensor("y", [1, N])
+
+    def cond(i, v):
+        c = g.tensor("while_less", [1], BOOL)
+        g.op(_op("LESS"), [i, g.const("count", np.array([3], np.int32))], [c])
+        r = g.tensor("while_c", [], BOOL)
+        g.op(_op("RESHAPE"), [c, g.const("cond_shape", np.zeros(0, np.int32))], [r])
+        return [r]
+
+    def body(i, v):
+        j, h, y = g.tensor("i_next", [1], INT32), g.tensor("v_scaled", [1, N]), g.tensor("v_next", [1, N])
+        g.op(_op("ADD"), [i, g.const("one", np.array([1], np.int32))], [j],
+             g.options("AddOptions"), "AddOptions")
+        g.op(_op("MUL"), [v, g.const("k", np.full((1, N), 1.5, np.float32))], [h],
+             g.options("MulOptions"), "MulOptions")
+        g.op(_op("ADD"), [h, g.const("c", g.rng.normal(0, 0.1, (1, N)).astype(np.float32))], [y],
+             g.options("AddOptions", fusedActivationFunction=1), "AddOptions")
+        return [j, y]
+    c = g.branch(cond, [i0, x], "cond")
+    b = g.branch(body, [i0, x], "body")
+    g.op(_op("WHILE"), [i0, x], [i_out, out],
+         g.options("WhileOptions", condSubgraphIndex=c, bodySubgraphIndex=b), "WhileOptions")
+    return g.finish([x], [out])
+
+
 def dynamic_conv(seed: int = 3) -> bytes:
     g = Graph(seed)
     x = g.tensor("samples", [1, 1], signature=[-1, -1])
@@ -161,4 +192,4 @@ def dynamic_conv(seed: int = 3) -> bytes:
 
 def members() -> list[tuple[str, bytes]]:
     return [("if_data", if_data()), ("if_nested", if_nested()), ("if_int8", if_int8()),
-            ("dynamic_conv", dynamic_conv())]
+            ("while_count", while_count()), ("dynamic_conv", dynamic_conv())]
