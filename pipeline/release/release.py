@@ -477,7 +477,7 @@ def _artifact(art: dict, file: str, waiver: dict | None, measured: dict | None =
             "entry": art["entry"], "requires": requires, "compile_flags": art["compile"]["flags"],
             "validation": {k: art["validation"][k]
                            for k in ("status", "executed", "tolerance", "tolerance_from", "outputs",
-                                     "shipped_bytes_executed", "simulated", "twin")
+                                     "shipped_bytes_executed", "simulated", "twin", "detections")
                            if k in art["validation"]},
             "benchmark": benchmark, "waiver": waiver}
 

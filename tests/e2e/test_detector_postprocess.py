@@ -287,3 +287,5 @@ def _release_ships_the_post_processing(proj, host, abi, steps, made, checked):
     assert entry["file"] == "models/case/postprocess.onnx" and entry["sha256"] == sha
     assert entry["cut"] == ["boxes", "scores"] and entry["inputs"] == ["boxes", "scores", "x"]
     assert entry["outputs"] == ["det_boxes", "det_scores", "det_classes"]
+    shipped = doc["models"]["case"]["artifacts"][abi.name]["validation"]["detections"]
+    assert shipped == checked["detections"] and shipped["passed"]
