@@ -285,10 +285,14 @@ def _result(artifacts: Path, target: str, name: str) -> dict:
 
 
 def _stopped(name: str, output: str) -> str:
-    """The first error line naming the model (`[model=NAME ... stage=S] ...`, prefixed or not)."""
-    for line in output.splitlines():
-        if f"model={name} " in line and "stage=" in line and "no licence given" not in line:
-            return "stopped: " + line[max(line.find("["), 0):][:220].replace("|", "/")
+    """The first error line naming the model (`[model=NAME ... stage=S] ...`, prefixed or not):
+    one of a model stage or a CPU ABI before one of another ABI (the table is about the CPU
+    ABIs; an NPU conversion that failed first named the row, although a CPU ABI's validation
+    was what stopped the model)."""
+    found = [line for line in output.splitlines()
+             if f"model={name} " in line and "stage=" in line and "no licence given" not in line]
+    for line in sorted(found, key=lambda l: 0 if "target=" not in l else 1 if "/cpu" in l else 2):
+        return "stopped: " + line[max(line.find("["), 0):][:220].replace("|", "/")
     lines = output.splitlines()  # no PipelineError: a raw traceback in a step (a bug to report)
     for i, line in enumerate(lines):
         task = re.match(rf"TaskError - taskid:([a-z_]+):(?:[^/]+/)?{re.escape(name)}$", line.strip())

@@ -6,6 +6,13 @@ from the source with those products computed exactly (rewrite/contrib_ops.py
 exact_integer_reference): the same on any CPU, and what the compiled artifacts compute. golden.json
 then says so (`reference`: what ran, why, what was rewritten, what was left to onnxruntime).
 
+golden.json's `noise` is how far the reference's outputs move when it is run again with other
+roundings (LiteRT's XNNPACK and reference kernels; onnxruntime without graph optimisations and
+with its transcendental outputs and quantizer inputs one ulp off: run/reference_noise.py): the
+static and validate stages hold each float output to max(declared, k x noise), so that a model
+whose outputs amplify rounding (a dynamically quantized LSTM, an ill-conditioned logit map) is
+not failed on every compiler for differences its own reference has.
+
 Writes input_<i>.npy and output_<k>.npy (plain .npy: byte-deterministic, and what
 iree-run-module reads) plus golden.json naming them. Every later stage compares against these.
 """
@@ -20,10 +27,12 @@ from ..core.layout import outputs_for, static_model
 from ..core.numerics import make_input
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
+from ..rewrite import tflite_rewrite, tflite_state
 from ..rewrite.contrib_ops import exact_reference
 from ..rewrite.postprocess import cut_file
 from ..rewrite.recurrent import sequence_first
 from ..rewrite.sources import tflite_run
+from ..run import reference_noise
 from ..run.ort import reduced_session, session, variant_feeds
 from ..spec.calibration import Preprocessing, SampleError, load_sample
 from ..spec.sources import GOLDEN, source_files
@@ -31,7 +40,8 @@ from ..spec.variants import (IO_DTYPES, full_name, variant_inputs, variant_prepr
                              variant_tools)
 from ..spec.samples import Samples, sample_inputs_problems
 
-VERSION = 1
+# 2: golden.json's `noise` (run/reference_noise.py)
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -107,13 +117,14 @@ def run(ctx) -> None:
             tmp = tempfile.TemporaryDirectory()  # a cut detector's graph up to the cut tensors
             source = cut_file(ctx.input("source"), cfg.cut, tmp.name) if cfg.cut else ctx.input("source")
             exact = exact_reference(source, {s["name"]: a.shape for s, a in zip(specs, arrays)})
+            ran = exact[0] if exact else source
             try:
-                sess = session(exact[0]) if exact else session(source)
+                sess = session(ran)
             except Exception as exc:  # onnxruntime runs no batch-first LSTM/GRU: the same op
                 if "layout == 1" not in str(exc):  # in layout 0 between Transposes, by the spec
                     raise
-                with tempfile.TemporaryDirectory() as tmp:
-                    sess = session(sequence_first(source, tmp))
+                ran = sequence_first(source, tmp.name)
+                sess = session(ran)
             names = [o.name for o in sess.get_outputs()]
             results = sess.run(None, {s["name"]: a for s, a in zip(specs, arrays)})
     except Exception as exc:
@@ -125,6 +136,16 @@ def run(ctx) -> None:
     if exact:  # recorded in the manifest (golden.json's reference)
         doc["reference"] = {"what": "onnxruntime on the source, its integer products computed exactly",
                             **exact[1]}
+    feeds = {s["name"]: a for s, a in zip(specs, arrays)}
+    try:  # the reference rerun with other roundings (run/reference_noise.py)
+        doc["noise"] = (reference_noise.measure_tflite(_litert_data(ctx.input("source")), feeds,
+                                                       results, list(names))
+                        if reference == "litert (source)" else
+                        reference_noise.measure_onnx(ran, feeds, results, list(names)))
+    except Exception as exc:  # noqa: BLE001 - recorded: the declared tolerance applies as it is
+        doc["noise"] = {"not_measured": f"{type(exc).__name__}: "
+                                        f"{(str(exc).strip().splitlines() or [''])[0][:300]}"}
+    if exact:
         exact[0].unlink()
     for i, (spec, array) in enumerate(zip(specs, arrays)):
         np.save(ctx.output(f"input_{i}.npy"), array, allow_pickle=False)
@@ -138,6 +159,15 @@ def run(ctx) -> None:
         doc["outputs"].append({"name": name, "file": f"output_{k}.npy",
                                "shape": list(array.shape), "dtype": str(array.dtype)})
     ctx.output("golden.json").write_text(pretty_json(doc))
+
+
+def _litert_data(path):
+    """The flatbuffer tflite_run gives LiteRT: resource variables as explicit state, the custom
+    ops tflite_rewrite knows as builtins."""
+    data = path.read_bytes()
+    if tflite_state.stateful(data):
+        data = tflite_state.explicit_state(data)[0]
+    return tflite_rewrite.rewrite(data, only_custom=True)[0]
 
 
 def variant_outputs_for(n_inputs: int, n_outputs: int) -> tuple[str, ...]:

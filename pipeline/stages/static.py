@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ..compilers import tvm_ops
 from ..compilers.backend import ENTRY
 from ..core.layout import golden_files, read_golden
-from ..core.numerics import compare, describe_failures, summary, tolerance_problems
+from ..core.numerics import describe_failures, summary, tolerance_problems
 from ..core.steps import StageConfig, Step
 from ..core.store import pretty_json
 from ..rewrite.bind_shapes import bind_inputs, localize_subgraphs
@@ -46,12 +46,14 @@ from ..rewrite.contrib_ops import exact_reference
 from ..rewrite.fold import dynamic_tensors, left_control_flow
 from ..rewrite.static_rewrites import Facts, NoRewrite, _dims, apply, fold_constants
 from ..run.ort import session
+from ..run.reference_noise import compare_within_noise
 
 # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather
 # rewrite; 4: the `before` phase folds to a fixed point (If/Where, Loop, sequences; static.json
 # `folding`), a zero-length dim is static; 5: graph inputs backed by initializers are constants
-# unless declared, a Loop of trip count 2^63 - 1 ends where its condition does
-VERSION = 5
+# unless declared, a Loop of trip count 2^63 - 1 ends where its condition does; 6: float outputs
+# within max(declared, k x golden's noise) (run/reference_noise.py)
+VERSION = 6
 OUTPUTS = ("model.onnx", "static.json")
 
 
@@ -309,10 +311,12 @@ def run(ctx) -> None:
     finally:
         if exact:
             exact[0].unlink(missing_ok=True)
-    result = compare(actual, expected, [o["name"] for o in doc["outputs"]], ctx.cfg.tolerance)
+    result = compare_within_noise(actual, expected, [o["name"] for o in doc["outputs"]],
+                                  ctx.cfg.tolerance, doc.get("noise"))
     if not result["passed"]:
         changed_by = [made["simplifier"]["name"]] + [r["rule"] for r in made["rewrites"]]
-        raise ctx.error(f"the simplified model differs from the original in onnxruntime: "
+        raise ctx.error(f"the simplified model, run in onnxruntime, differs from golden (the "
+                        f"source's reference run, beyond its measured noise): "
                         f"{describe_failures(result)} ({summary(result)}); the model went "
                         f"through {', '.join(changed_by)}",
                         hint="one of those changed the numerics; report the model, or loosen "

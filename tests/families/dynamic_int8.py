@@ -99,3 +99,39 @@ def avx2_pairs(q, zp: int, w):
     prods = qq[:, :, None] * ww[None, :, :]                    # [M, K, N]
     pairs = np.clip(prods[:, 0::2] + prods[:, 1::2], -32768, 32767)
     return pairs.sum(axis=1) - zp * w.astype(np.int64).sum(axis=0)
+
+
+# ----------------------------------------------------------------------------- flips (reference noise)
+def flipping_lstm():
+    """A DynamicQuantizeLSTM (24 steps, hidden 64) whose 8-bit re-quantization of the hidden
+    state is one ulp from a rounding boundary somewhere: its outputs move by ~1e-2 when the
+    reference's tanh/sigmoid or the quantizer's input move by one ulp (golden's `noise`), as
+    text2tashkeel's bilstm.int8 does (4.5e-3). (model, feeds) of tests/families/contrib.py."""
+    from . import contrib as fc
+    return fc.Lstm(seed=4, seq=24, hidden=64, size=16).build()
+
+
+def float_twin(model):
+    """The same model with its DynamicQuantizeLSTM a float LSTM on the dequantized weights: the
+    same function without the 8-bit rounding of activations (no flips)."""
+    import onnx
+    from onnx import helper as h, numpy_helper as nh
+    from pipeline.rewrite.contrib_ops import _dequant_rnn
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
+    for k, node in enumerate(model.graph.node):
+        if node.op_type != "DynamicQuantizeLSTM":
+            continue
+        ins = list(node.input) + [""] * (12 - len(node.input))
+        w, r = f"{node.name}_Wf", f"{node.name}_Rf"
+        model.graph.initializer.extend([nh.from_array(_dequant_rnn(inits, ins[1], ins[8], ins[9]), w),
+                                        nh.from_array(_dequant_rnn(inits, ins[2], ins[10], ins[11]), r)])
+        attrs = {a.name: h.get_attribute_value(a) for a in node.attribute}
+        lstm_in = [ins[0], w, r] + ins[3:8]
+        while not lstm_in[-1]:
+            lstm_in.pop()
+        model.graph.node[k].CopyFrom(h.make_node("LSTM", lstm_in, list(node.output),
+                                                 name=node.name, **attrs))
+    del model.opset_import[:]
+    model.opset_import.extend([h.make_opsetid("", 17)])
+    return model
