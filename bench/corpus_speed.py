@@ -197,8 +197,11 @@ def resolve(row: dict) -> dict:
     return out
 
 
-def page(rows: dict, configs: list[str], args, started: str, load: list) -> str:
+def page(rows: dict, configs: list[str], args, started: str, load: list,
+         names: list[str] | None = None) -> str:
     configs = list(dict.fromkeys(configs + [c for r in rows.values() for c in r.get("candidates", {})]))
+    rows = {**rows, **{n: {"status": "not reached", "why": "the run was stopped before it (time)"}
+                       for n in names or () if n not in rows}}
     measured = {m: r for m, r in rows.items() if r.get("status") == "measured" and resolve(r).get("shipped")}
     res = {m: resolve(r) for m, r in measured.items()}
     ships = [v["shipped"] for v in res.values()]
@@ -287,6 +290,10 @@ def main(argv=None) -> int:
     parser.add_argument("--write", type=Path, default=None, help="the page (markdown)")
     parser.add_argument("--json", type=Path, default=None, help="figures (default WORKSPACE/figures.json)")
     parser.add_argument("--cache", type=Path, default=corpus.CACHE)
+    parser.add_argument("--page-only", action="store_true",
+                        help="rewrite --write from the figures so far (WORKSPACE/figures.json); "
+                             "models of the list not measured are listed as not reached")
+    parser.add_argument("--started", default=None, help="the run's start, for --page-only")
     parser.add_argument("--shipped", default=None,
                         help="the config a model without a pin ships (default: config_choice.UNPINNED)")
     args = parser.parse_args(argv)
@@ -301,8 +308,15 @@ def main(argv=None) -> int:
     store = args.json or args.workspace / "figures.json"
     args.workspace.mkdir(parents=True, exist_ok=True)
     rows = json.loads(store.read_text()) if store.is_file() else {}
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = args.started or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = [tuple(round(x, 1) for x in os.getloadavg())]
+    if args.page_only:  # the page of the figures so far (a run stopped midway), nothing measured
+        for name in names:
+            rows.setdefault(name, {"status": "not reached", "why": "the run was stopped before it (time)"})
+        for name, row in rows.items():
+            row.setdefault("family", by_name[name].family if name in by_name else "-")
+        args.write.write_text(page(rows, configs, args, started, load))
+        return 0
     say = lambda line: print(line, flush=True)
     for name in names:
         if rows.get(name, {}).get("status") == "measured":
