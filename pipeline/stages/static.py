@@ -46,6 +46,7 @@ from ..rewrite.contrib_ops import exact_reference
 from ..rewrite.fold import dynamic_tensors, left_control_flow
 from ..rewrite.static_rewrites import Facts, NoRewrite, _dims, apply, fold_constants
 from ..run.ort import session
+from ..spec.postprocess import seeds as postprocess_seeds
 from ..run.reference_noise import compare_within_noise
 
 # 2: subgraphs get their own copies of outer initializers (If/Loop bodies); 3: reflect-pad-as-gather
@@ -255,8 +256,13 @@ def _fail_if_dynamic(model, facts) -> None:
                       "the model without the branch")
     shown = ", ".join(dynamic[:8]) + (f" and {len(dynamic) - 8} more" if len(dynamic) > 8 else "")
     roots = _where_inference_stops(model, dynamic)
+    post = [f"{n.op_type} {n.name or n.output[0]!r}" for n in postprocess_seeds(model)]
     raise Refusal(f"dynamic dims remain after binding the inputs and simplifying: {shown}"
-                  + (f"; shape inference stops at {'; '.join(roots)}" if roots else ""),
+                  + (f"; shape inference stops at {'; '.join(roots)}" if roots else "")
+                  + (f"; data-dependent post-processing: {', '.join(post[:3])}" if post else ""),
+                  "the detections' count depends on the data: cut the post-processing off the "
+                  "artifact with `postprocess: {cut: auto}` in the spec (it ships as "
+                  "postprocess.onnx, run on the host; docs/postprocess.md)" if post else
                   "the shape depends on data at run time, or on an op whose shape neither onnx's "
                   "inference (with data propagation) nor folding computes (named above); such a "
                   "model cannot be compiled statically as it is")

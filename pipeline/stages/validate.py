@@ -257,7 +257,7 @@ def validate_step(layout, model, target, abi, precision: str | None = None) -> S
                                  or (model.tolerance.as_dict(), None))
     pp = model.postprocess  # a cut detector: its post-processing runs on the outputs
     if pp:
-        inputs["postprocess.onnx"] = layout.model_stage(model.name, "static") / "postprocess.onnx"
+        inputs["postprocess.onnx"] = layout.model_stage(pp["model"], "static") / "postprocess.onnx"
     # what the artifact computes in: a variant's precision, or the ABI's own (the NPU builds an
     # fp32 model in fp16); fp32 otherwise
     arithmetic = precision or getattr(abi, "precision", None)
