@@ -54,7 +54,7 @@ def duration(seconds: float) -> str:
 SCHEDULER_NEWS = ("picks Task", "Sending", "Build errors", "has finished")
 
 
-def follow(path: Path, prefix: str, done) -> None:
+def follow_log(path: Path, prefix: str, done) -> None:
     """Print the task scheduler's news (task picked, batch built, batch measured) as it logs
     them: between two measured batches, its log is the live view."""
     offset = 0
@@ -75,7 +75,7 @@ def run_following(argv: list[str], log: Path, follow: Path, where: dict):
     """Run the tuning child (run_tool, streaming): its `[tune] ` lines are progress, printed as
     they come, as are the news of the scheduler's log `follow`; everything goes to `log`."""
     done = threading.Event()
-    watcher = threading.Thread(target=follow, args=(follow, PROGRESS, done), daemon=True)
+    watcher = threading.Thread(target=follow_log, args=(follow, PROGRESS, done), daemon=True)
     watcher.start()
     try:
         return run_tool(argv, log=log, what="MetaSchedule tuning", on_line=print_progress,
