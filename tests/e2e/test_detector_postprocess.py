@@ -65,8 +65,11 @@ def test_the_cut_is_found_and_the_parts_give_the_model_outputs(case):
     made, _ = static.make_static(static_part, case.inputs())
     assert static.dynamic_tensors(made) == []
     assert not DATA_DEPENDENT - {"TopK"} & {n.op_type for n in made.graph.node}
-    with pytest.raises(static.Refusal, match="dynamic dims remain"):
+    with pytest.raises(static.Refusal, match="dynamic dims remain") as refused:
         static.make_static(case.model(), case.inputs())
+    seed = {"nms": "NonMaxSuppression", "topk": "TopK", "nonzero": "NonZero"}[case.head]
+    assert f"data-dependent post-processing: {seed}" in refused.value.what
+    assert "postprocess: {cut: auto}" in refused.value.hint
 
 
 def test_no_post_processing_is_said():
