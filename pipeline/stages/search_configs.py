@@ -43,12 +43,12 @@ WINDOW = {"warmup": 2, "rounds": 40, "seconds": 15.0}  # the timing at the end, 
 # The declared configs, most likely to pay first: ordered by the geometric mean of p50 / the
 # default's p50 over the four searched default models (models/*/configs/host.yaml, December 2026:
 # face_landmark, ppocr_cls, ppocr_cls.48x320, ppocr_det). A config not listed comes after these,
-# in declared order; "default" (the baseline) always comes first. The conv1d configs follow the
-# config they extend: on a model without a 1-D Conv their graph is that config's, the same bytes,
-# not built again (a search on gen_conv1d: 1.5 ms against the default's 12.5 ms,
-# docs/measurements/2026-12-03-conv1d.md).
-PRIORITY = ("loops", "conv1d-loops", "dw-chunks-loops", "dw-chunks-loops-conv1d", "conv1d",
-            "o3-dw-chunks", "dw-chunks", "o3-all-rewrites", "all-rewrites",
+# in declared order; "default" (the baseline) always comes first. The conv1d and matmul configs
+# follow the config they extend: on a model without a 1-D (or 1x1) Conv their graph is that
+# config's, the same bytes, not built again (gen_conv1d: 1.5 ms against the default's 12.5 ms;
+# dw-chunks-loops-matmul 0.84x dw-chunks-loops' time on 3 models: docs/measurements/2026-12-03-conv1d.md).
+PRIORITY = ("loops", "conv1d-loops", "dw-chunks-loops", "dw-chunks-loops-matmul", "dw-chunks-loops-conv1d",
+            "pw-loops", "conv1d", "o3-dw-chunks", "dw-chunks", "o3-all-rewrites", "all-rewrites",
             "upsample-nearest-dw-slices", "o3-im2col-dw-slices", "dw-slices", "im2col-dw-slices",
             "upsample-d2s-dw-slices", "o3-upsample-d2s", "upsample-d2s", "o3", "im2col",
             "o3-im2col", "conv-dt")
