@@ -120,11 +120,12 @@ def test_the_split_line_iree_run_writes_is_what_build_time_reads(tmp_path):
     logs.mkdir(parents=True)
     (logs / "rk3588_m_vulkan-baseline.log").write_text(
         "$ python -m pipeline.run.iree_run ...\n"
-        + split_line({"load": 12.5, "run": 0.75}, 3.25) + "\n"   # lavapipe
-        + split_line({"load": 1.5, "run": 0.25}, 0.0) + "\n")    # run.also: a second driver
+        + split_line({"load": 0.5, "run": 12.5, "second": 0.75}, 3.25) + "\n"  # lavapipe
+        + split_line({"load": 1.5, "run": 0.25}, 0.0) + "\n")  # run.also, once: all execution
     (logs / "host_m_cpu-x86_64.log").write_text("$ python -m pipeline.run.iree_run ...\n")
     split = vulkan_split(tmp_path)
-    assert split == {"rk3588_m_vulkan-baseline": (14.0, 1.0, 3.25)}  # CPU runs have no line
+    # compile = first - second; execution = second (or the whole call, called once)
+    assert split == {"rk3588_m_vulkan-baseline": (11.75, 1.0, 2.0, 3.25)}  # CPU runs: no line
     table = split_table({"cold": split, "warm shaders": {}})
-    assert "| rk3588_m_vulkan-baseline | 14.0 / 1.0 / 3.2 | - |" in table
-    assert "| total | 14.0 / 1.0 / 3.2 | 0.0 / 0.0 / 0.0 |" in table
+    assert "| rk3588_m_vulkan-baseline | 11.8 / 1.0 / 2.0 / 3.2 | - |" in table
+    assert "| total | 11.8 / 1.0 / 2.0 / 3.2 | 0.0 / 0.0 / 0.0 / 0.0 |" in table
