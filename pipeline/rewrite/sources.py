@@ -120,9 +120,13 @@ def to_onnx(source: Path, fmt: str, out: Path, log: Path | None = None,
     data, state = _explicit_state(source.read_bytes())
     try:
         rewritten, rewrites = tflite_rewrite.rewrite(data)
-        rewrites = state + tflite_rewrite.check(data, rewritten, rewrites)
+        rewrites = state + tflite_rewrite.check(data, rewritten, rewrites, check_shapes)
     except tflite_rewrite.RewriteError as exc:
         raise ConversionError(str(exc)) from None
+    except (RuntimeError, ValueError) as exc:  # LiteRT's own errors: its reason is the first line
+        raise ConversionError(f"LiteRT cannot run {source.name} to check its TFLite rewrites "
+                              f"(at the input shapes {check_shapes or 'stored in the file'}): "
+                              f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}") from None
     attempts, signature = [], read_signature(source)
     with tempfile.TemporaryDirectory() as tmp:
         model = source
@@ -161,6 +165,9 @@ def _explicit_state(data: bytes) -> tuple[bytes, list[dict]]:
         return explicit, [tflite_state.check(data, explicit, record)]
     except tflite_state.StateError as exc:
         raise ConversionError(f"resource variables: {exc}") from None
+    except (RuntimeError, ValueError) as exc:  # LiteRT's own errors: its reason is the first line
+        raise ConversionError(f"resource variables: LiteRT cannot run the model to check the explicit "
+                              f"state: {(str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}") from None
 
 
 def _same_interface(signature: dict, converted: Path) -> None:

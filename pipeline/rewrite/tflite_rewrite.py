@@ -398,11 +398,17 @@ def _drop_unused_tensors(model) -> None:
 
 
 # ----------------------------------------------------------------------------- checks
-def _interpreter(data: bytes, preserve: bool = False):
+def _interpreter(data: bytes, preserve: bool = False, shapes: dict | None = None):
+    """LiteRT on `data`, each input named in `shapes` resized to it first (a model whose inputs
+    are all dynamic may not prepare at its stored 1x1)."""
     # LiteRT: 0.1 s, not needed by doit list
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
     interp = Interpreter(model_content=data, num_threads=1, experimental_preserve_all_tensors=preserve,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    for d in interp.get_input_details():
+        want = (shapes or {}).get(d["name"])
+        if want is not None and list(d["shape"]) != list(want):
+            interp.resize_tensor_input(d["index"], list(want), strict=True)
     interp.allocate_tensors()
     return interp
 
@@ -425,7 +431,7 @@ def _tensor_indices(data: bytes) -> dict:
     return {sub.Tensors(i).Name().decode(): i for i in range(sub.TensorsLength())}
 
 
-def check(original: bytes, rewritten: bytes, rewrites: list[dict]) -> list[dict]:
+def check(original: bytes, rewritten: bytes, rewrites: list[dict], shapes: dict | None = None) -> list[dict]:
     """Check the rewrites with LiteRT; returns them with their `check` filled in, raises
     RewriteError when one does not hold. The reference is LiteRT on the original or, when it has a
     custom op LiteRT cannot run, on the original with only its custom ops rewritten (the golden model):
@@ -434,7 +440,8 @@ def check(original: bytes, rewritten: bytes, rewrites: list[dict]) -> list[dict]
     - densify: each densified constant equals what LiteRT's own DENSIFY made of the sparse tensor in
       the reference, bit for bit;
     - Convolution2DTransposeBias: each rewritten op's LiteRT output against a numpy reference of
-      MediaPipe's definition on the very tensors LiteRT fed it."""
+      MediaPipe's definition on the very tensors LiteRT fed it.
+    Inputs run at `shapes` (name -> dims) where given, else at their stored shapes."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
     if not rewrites:
         return rewrites
@@ -442,7 +449,7 @@ def check(original: bytes, rewritten: bytes, rewrites: list[dict]) -> list[dict]
     reference = rewrite(original, only_custom=True)[0] if custom else original
     against = ("LiteRT on the original with its custom op(s) rewritten" if custom
                else "LiteRT on the original")
-    new, old = _interpreter(rewritten, preserve=True), _interpreter(reference, preserve=True)
+    new, old = _interpreter(rewritten, True, shapes), _interpreter(reference, True, shapes)
     got, want = _run(new), _run(old)
     worst = max(float(np.abs(a.astype(np.float64) - b).max()) if a.shape == b.shape else float("inf")
                 for a, b in zip(got, want))

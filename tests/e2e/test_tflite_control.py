@@ -115,6 +115,15 @@ def test_an_all_dynamic_input_is_checked_at_the_spec_shape_and_litert_refusals_a
     assert record["route"] == DIRECT_TFLITE
     (used,) = [a for a in record["attempts"] if a["status"] == "used"]
     assert used["check"]["shapes"] == {"samples": [1, 32]} and used["check"]["max_abs"] < 1e-5
+    # with a rewrite (ADD+RELU unfused), whose LiteRT check runs before any route: the same
+    relu = tmp_path / "dynamic_conv_add_relu.tflite"
+    relu.write_bytes(MEMBERS["dynamic_conv_add_relu"])
+    with pytest.raises(conversion.ConversionError, match=r"LiteRT cannot run dynamic_conv_add_relu.tflite "
+                       r"to check its TFLite rewrites \(at the input shapes stored in the file\): .*failed to prepare"):
+        conversion.to_onnx(relu, "tflite", tmp_path / "relu.onnx")
+    record = conversion.to_onnx(relu, "tflite", tmp_path / "relu.onnx", check_shapes={"samples": [1, 32]})
+    assert [r["rule"] for r in record["rewrites"]] == ["unfuse-activation"]
+    assert record["rewrites"][0]["check"]["model_outputs_max_abs"] == 0.0
 
 
 def _model(workspace, name: str, key: str, shape: list[int], input_name: str) -> None:

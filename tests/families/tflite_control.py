@@ -16,6 +16,8 @@ public corpus left): written with the object API of the schema LiteRT ships, see
                     melspectrogram): RESHAPE to [1, 1, -1, 1] -> CONV_2D 1x5 VALID; LiteRT cannot
                     prepare it at 1x1 (the conv's output would have width -3), only at a length
                     the spec gives
+    dynamic_conv_add_relu  the same + an ADD with a fused RELU, which tflite_rewrite unfuses and
+                    checks in LiteRT (at the spec's shape too)
 
 `members()` lists them as (name, bytes).
 """
@@ -175,7 +177,7 @@ def while_count(seed: int = 4) -> bytes:
     return g.finish([x], [out])
 
 
-def dynamic_conv(seed: int = 3) -> bytes:
+def dynamic_conv(seed: int = 3, add_relu: bool = False) -> bytes:
     g = Graph(seed)
     x = g.tensor("samples", [1, 1], signature=[-1, -1])
     r = g.tensor("frames", [1, 1, 1, 1], signature=[1, 1, -1, 1])
@@ -187,9 +189,15 @@ def dynamic_conv(seed: int = 3) -> bytes:
     g.op(_op("CONV_2D"), [r, w, b], [y],
          g.options("Conv2DOptions", padding=VALID, strideH=1, strideW=1, dilationHFactor=1,
                    dilationWFactor=1, fusedActivationFunction=1), "Conv2DOptions")
+    if add_relu:  # an ADD with a fused RELU: tflite_rewrite unfuses it, checked in LiteRT
+        z = g.tensor("shifted", [1, 1, 1, 4], signature=[1, 1, -1, 4])
+        g.op(_op("ADD"), [y, g.const("shift", g.rng.normal(0, 0.5, (4,)).astype(np.float32))], [z],
+             g.options("AddOptions", fusedActivationFunction=1), "AddOptions")
+        y = z
     return g.finish([x], [y])
 
 
 def members() -> list[tuple[str, bytes]]:
     return [("if_data", if_data()), ("if_nested", if_nested()), ("if_int8", if_int8()),
-            ("while_count", while_count()), ("dynamic_conv", dynamic_conv())]
+            ("while_count", while_count()), ("dynamic_conv", dynamic_conv()),
+            ("dynamic_conv_add_relu", dynamic_conv(add_relu=True))]
