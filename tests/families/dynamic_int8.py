@@ -102,36 +102,44 @@ def avx2_pairs(q, zp: int, w):
 
 
 # ----------------------------------------------------------------------------- flips (reference noise)
-def flipping_lstm():
-    """A DynamicQuantizeLSTM (24 steps, hidden 64) whose 8-bit re-quantization of the hidden
-    state is one ulp from a rounding boundary somewhere: its outputs move by ~1e-2 when the
-    reference's tanh/sigmoid or the quantizer's input move by one ulp (golden's `noise`), as
-    text2tashkeel's bilstm.int8 does (4.5e-3). (model, feeds) of tests/families/contrib.py."""
-    from . import contrib as fc
-    return fc.Lstm(seed=4, seq=24, hidden=64, size=16).build()
+@dataclass(frozen=True)
+class Boundary:
+    """A dynamically quantized MatMul whose activations sit on rounding boundaries: x spans
+    0..255 (scale 1, zero point 0) and `halves` of its values are k + 0.5, which onnxruntime
+    rounds half to even; a value one ulp off (another runtime's rounding upstream) rounds the
+    other way and moves the output by a weight step (~0.6). What a dynamically quantized LSTM
+    does at some of its thousands of re-quantizations per step (text2tashkeel's bilstm.int8);
+    `quantized=False`: the same MatMul in float on the dequantized weights (no rounding)."""
+    seed: int = 0
+    k: int = 32
+    n: int = 8
+    halves: int = 8
+    quantized: bool = True
 
+    def model(self):
+        import numpy as np
+        from onnx import TensorProto as T, helper as h, numpy_helper as nh
+        w, scale = Member(seed=self.seed, k=self.k, n=self.n).weights()
+        if self.quantized:
+            inits = [nh.from_array(w, "w"), nh.from_array(scale, "w_scale"),
+                     nh.from_array(np.zeros(scale.shape, np.int8), "w_zero")]
+            nodes = [h.make_node("Relu", ["x"], ["xr"]),
+                     h.make_node("DynamicQuantizeLinear", ["xr"], ["xq", "x_scale", "x_zero"]),
+                     h.make_node("MatMulInteger", ["xq", "w", "x_zero", "w_zero"], ["acc"]),
+                     h.make_node("Cast", ["acc"], ["accf"], to=T.FLOAT),
+                     h.make_node("Mul", ["x_scale", "w_scale"], ["s"]),
+                     h.make_node("Mul", ["accf", "s"], ["y"])]
+        else:
+            inits = [nh.from_array(w.astype(np.float32) * scale, "wf")]
+            nodes = [h.make_node("Relu", ["x"], ["xr"]), h.make_node("MatMul", ["xr", "wf"], ["y"])]
+        graph = h.make_graph(nodes, "boundary", [h.make_tensor_value_info("x", T.FLOAT, [1, self.k])],
+                             [h.make_tensor_value_info("y", T.FLOAT, [1, self.n])], inits)
+        return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
-def float_twin(model):
-    """The same model with its DynamicQuantizeLSTM a float LSTM on the dequantized weights: the
-    same function without the 8-bit rounding of activations (no flips)."""
-    import onnx
-    from onnx import helper as h, numpy_helper as nh
-    from pipeline.rewrite.contrib_ops import _dequant_rnn
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
-    for k, node in enumerate(model.graph.node):
-        if node.op_type != "DynamicQuantizeLSTM":
-            continue
-        ins = list(node.input) + [""] * (12 - len(node.input))
-        w, r = f"{node.name}_Wf", f"{node.name}_Rf"
-        model.graph.initializer.extend([nh.from_array(_dequant_rnn(inits, ins[1], ins[8], ins[9]), w),
-                                        nh.from_array(_dequant_rnn(inits, ins[2], ins[10], ins[11]), r)])
-        attrs = {a.name: h.get_attribute_value(a) for a in node.attribute}
-        lstm_in = [ins[0], w, r] + ins[3:8]
-        while not lstm_in[-1]:
-            lstm_in.pop()
-        model.graph.node[k].CopyFrom(h.make_node("LSTM", lstm_in, list(node.output),
-                                                 name=node.name, **attrs))
-    del model.opset_import[:]
-    model.opset_import.extend([h.make_opsetid("", 17)])
-    return model
+    def feeds(self) -> dict:
+        import numpy as np
+        rng = np.random.default_rng(self.seed + 1000)
+        x = rng.integers(1, 255, (1, self.k)).astype(np.float32)
+        x[0, 0], x[0, 1] = 0.0, 255.0                       # scale exactly 1, zero point 0
+        x[0, 2:2 + self.halves] = rng.integers(1, 250, self.halves) + np.float32(0.5)
+        return {"x": x}
