@@ -374,9 +374,14 @@ class _Line:
         self.prefix = f"{node.output[0]}__line"
 
 
+# A Slice per tap: an STFT written as a Conv1d of 512 taps (openWakeWord's melspectrogram) made
+# iree-compile run past 120 s on the 512-way Concat, where the Conv itself compiles in 16 s.
+_MAX_LINE_TAPS = 32
+
+
 def _line_convs(model) -> dict[int, _Line]:
     """The Convs along one axis the rewrite below takes, by node index: constant weights (and
-    bias), known input and output shapes and padding."""
+    bias), known input and output shapes and padding, at most _MAX_LINE_TAPS taps."""
     from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     shapes = _static_shapes(model)
     inits = {i.name: i for i in model.graph.initializer}
@@ -406,6 +411,8 @@ def _line_convs(model) -> dict[int, _Line]:
         elif len(unit) >= 1:
             axis = 1 if unit[0] == 0 else 0
         else:
+            continue
+        if kernel[axis] > _MAX_LINE_TAPS:
             continue
         found[k] = _Line(k, node, weight, bias, x, y, 2 + axis, pads[axis])
     return found

@@ -7,8 +7,9 @@ models (issue 39 item 3), in the forms exporters write it.
           tf2onnx (conv1d is ExpandDims + Conv2D in TensorFlow);
   nchw-h  x [N, C, L, 1] -> Conv (2-D, kernel [k, 1]) -> Relu: a line along H.
 Each case sets the channels, kernel, stride, dilation, group, padding (explicit pads, auto_pad
-SAME_UPPER / VALID) and bias. `OTHERS` are Convs the rewrite must leave alone: a 2-D Conv over
-a real image, a kernel across the unit axis, weights computed in the graph.
+SAME_UPPER / VALID) and bias. `other_convs()` are Convs the rewrite must leave alone: 2-D Convs
+over a real image, a kernel across the unit axis, weights computed in the graph, a kernel of 64
+taps (an STFT as a Conv1d: one Slice per tap would be 64).
 """
 from __future__ import annotations
 
@@ -147,7 +148,8 @@ def other_convs():
     return [one("image-3x3", [1, 4, 6, 7], [5, 4, 3, 3], pads=[1, 1, 1, 1]),
             one("image-1x3", [1, 4, 6, 7], [5, 4, 1, 3], pads=[0, 1, 0, 1]),
             one("across-unit-axis", [1, 4, 1, 9], [5, 4, 3, 1], pads=[1, 0, 1, 0]),
-            one("computed-weight", [1, 4, 9], [5, 4, 3], computed_weight=True, pads=[1, 1])]
+            one("computed-weight", [1, 4, 9], [5, 4, 3], computed_weight=True, pads=[1, 1]),
+            one("stft-like-64-taps", [1, 1, 400], [9, 1, 64], strides=[16])]
 
 
 def combined(cases, seed: int = 0):
