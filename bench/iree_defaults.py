@@ -66,6 +66,12 @@ CANDIDATES = {
     "tile-16k": (["--iree-llvmcpu-matmul-tile-bytes=16384"], []),
     "loops": (LOOPS, []),
     "dw-chunks-loops": (LOOPS, CHUNKS),
+    # 1-D Convs and 1x1 Convs as MatMuls (docs/measurements/2026-12-03-conv1d.md)
+    "conv1d": ([], ["conv1d_as_matmul"]),
+    "conv1d-loops": (LOOPS, ["conv1d_as_matmul"]),
+    "dw-chunks-loops-conv1d": (LOOPS, CHUNKS + ["conv1d_as_matmul"]),
+    "pw-loops": (LOOPS, ["pointwise_conv_as_matmul"]),
+    "dw-chunks-loops-matmul": (LOOPS, CHUNKS + ["conv1d_as_matmul", "pointwise_conv_as_matmul"]),
 }
 SHARED = Path(os.environ.get("MODELYARD_SHARED_MODELS", REPO.parent / "shared" / "models"))
 # name -> (file in ../shared/models, doit new shape= arguments)
@@ -209,9 +215,51 @@ def detection_head():
     return _checked(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
 
 
+def conv1d_tf_stack():
+    """gen_conv1d's stack as tf2onnx writes TensorFlow's conv1d: NWC input, each Conv a 2-D one
+    with a 1xk kernel between Transposes (k5, k3 stride 2 SAME, k3 dilation 2)."""
+    from onnx import helper
+    w, n = _Weights(11), []
+    w.inits["axis1"] = w.np.array([1], w.np.int64)
+    n += [helper.make_node("Unsqueeze", ["x", "axis1"], ["x4"]),
+          helper.make_node("Transpose", ["x4"], ["a0"], perm=[0, 3, 1, 2])]
+    cin = 16
+    for i, (cout, k, s, d) in enumerate([(32, 5, 1, 1), (64, 3, 2, 1), (64, 3, 1, 2)]):
+        total = (k - 1) * d
+        n += [helper.make_node("Conv", [f"a{i}", w(f"W{i}", cout, cin, 1, k), w(f"B{i}", cout, scale=0.1)],
+                               [f"c{i}"], kernel_shape=[1, k], strides=[1, s], dilations=[1, d],
+                               pads=[0, total // 2, 0, total - total // 2]),
+              helper.make_node("Relu", [f"c{i}"], [f"a{i + 1}"])]
+        cin = cout
+    n += [helper.make_node("Transpose", ["a3"], ["t"], perm=[0, 2, 3, 1]),
+          helper.make_node("Squeeze", ["t", "axis1"], ["nwc"]),
+          helper.make_node("ReduceMean", ["nwc"], ["m"], axes=[1], keepdims=0),
+          helper.make_node("Gemm", ["m", w("Wd", 10, 64), w("Bd", 10, scale=0.1)], ["d"], transB=1),
+          helper.make_node("Softmax", ["d"], ["y"], axis=1)]
+    return _graph(n, {"x": [1, 1024, 16]}, ["y"], w.inits, "conv1d_tf_stack")
+
+
+def conv1d_separable():
+    """A speech-style stack (QuartzNet / Silero front ends): Conv1d k11 stride 2, then three
+    blocks of a depthwise Conv1d k13 + a pointwise Conv1d with ReLU, over [1, 64, 800]."""
+    from onnx import helper
+    w, n = _Weights(12), []
+    n += [helper.make_node("Conv", ["x", w("W0", 96, 64, 11), w("B0", 96, scale=0.1)], ["c0"],
+                           kernel_shape=[11], strides=[2], pads=[5, 5]),
+          helper.make_node("Relu", ["c0"], ["a0"])]
+    for i in range(1, 4):
+        n += [helper.make_node("Conv", [f"a{i - 1}", w(f"D{i}", 96, 1, 13)], [f"d{i}"], group=96,
+                               kernel_shape=[13], pads=[6, 6]),
+              helper.make_node("Conv", [f"d{i}", w(f"P{i}", 96, 96, 1), w(f"B{i}", 96, scale=0.1)],
+                               [f"p{i}"], kernel_shape=[1]),
+              helper.make_node("Relu", [f"p{i}"], [f"a{i}" if i < 3 else "y"])]
+    return _graph(n, {"x": [1, 64, 800]}, ["y"], w.inits, "conv1d_separable")
+
+
 GENERATED = {"gen_conv1d": conv1d_stack, "gen_depthwise": nchw_depthwise,
              "gen_dense_heads": dense_heads, "gen_prelu": prelu_chain,
-             "gen_detect_head": detection_head}
+             "gen_detect_head": detection_head,
+             "gen_conv1d_tf": conv1d_tf_stack, "gen_conv1d_sep": conv1d_separable}
 
 
 # ----------------------------------------------------------------------------- workspace
