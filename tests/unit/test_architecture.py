@@ -394,6 +394,41 @@ def test_the_layers_table_names_every_layer():
     assert rows == set(RANK), f"layers table: {sorted(rows)} vs LAYERS: {sorted(RANK)}"
 
 
+def prose_module_names(row: str, layer: str) -> list[str]:
+    """The modules a row of the layers table names (`x.py` in its layer, `other/x.py` in
+    another, or a file at the top of the repository such as `dodo.py`) that are not there."""
+    missing = []
+    for folder, file in re.findall(r"`(?:(\w+)/)?(\w+\.py)`", row):
+        where = PIPELINE / (folder or layer) / file
+        if not where.is_file() and not (not folder and (REPO / file).is_file()):
+            missing.append(f"{folder + '/' if folder else ''}{file}")
+    return missing
+
+
+def layer_rows() -> dict[str, str]:
+    return dict(re.findall(r"^\| `(\w+)/` \| (.*)$", DOC.read_text(), re.M))
+
+
+def test_the_layers_table_names_only_modules_that_exist():
+    """The prose of each layer's row: a module it names (`tuning_db.py`, `graph/stages.py`) is a
+    module of that layer (or of the layer it names), so that a move or a rename shows here."""
+    stale = {layer: missing for layer, row in layer_rows().items()
+             if (missing := prose_module_names(row, layer))}
+    assert not stale, f"{DOC.name}'s layers table names modules that are not there: {stale}"
+
+
+def test_the_core_row_names_every_core_module():
+    """core/ is the layer every other stands on: its row says what each of its modules is for."""
+    row = layer_rows()["core"]
+    modules = sorted(p.name for p in (PIPELINE / "core").glob("*.py") if p.name != "__init__.py")
+    unnamed = [m for m in modules if f"`{m}`" not in row]
+    assert not unnamed, f"{DOC.name}'s core row does not name {unnamed}"
+
+
+def test_the_prose_check_sees_a_stale_name():
+    assert prose_module_names("the store (`store.py`), `graph/stages.py`, `gone.py`", "core") == ["gone.py"]
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         raise SystemExit("usage: python tests/unit/test_architecture.py --write")
