@@ -287,10 +287,11 @@ def _conv1d_rewritten(case):
 
 @pytest.mark.parametrize("case", CONV1D_CASES, ids=lambda c: c.id)
 def test_conv1d_as_matmul_is_the_same_function(case):
-    """Every Conv along one axis of the family (kernels 1-15, strides, dilations, groups,
+    """Every Conv along one axis of the family (kernels 1-15 and 64, strides, dilations, groups,
     depthwise, auto_pad, NCW / TensorFlow's NWC through a 2-D Conv / a line along H, a batch of
-    2) becomes im2col along the line + one MatMul (a depthwise one: weighted Slices, summed in
-    Sums of at most 7 terms and one more), and onnxruntime gives the Conv's numbers."""
+    2) becomes im2col along the line (one Gather) + one MatMul (a depthwise one: weighted
+    Slices, summed in Sums of at most 7 terms and one more), and onnxruntime gives the Conv's
+    numbers."""
     expected, model, x = _conv1d_rewritten(case)
     ops = [n.op_type for n in model.graph.node]
     assert "Conv" not in ops
@@ -298,15 +299,14 @@ def test_conv1d_as_matmul_is_the_same_function(case):
     if depthwise:
         assert "MatMul" not in ops and ops.count("Mul") == case.kernel
         assert all(len(n.input) <= 2 * 7 for n in model.graph.node if n.op_type == "Sum")
-    else:
-        assert ops.count("MatMul") == 1
-        assert ops.count("Slice") == (0 if case.kernel == 1 and case.stride == 1 else case.kernel)
+    else:  # the columns by one Gather of the padded line
+        assert ops.count("MatMul") == 1 and ops.count("Gather") == 1 and "Slice" not in ops
     assert np.abs(ort_run(model, x) - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
 def test_conv1d_as_matmul_compiles_to_the_same_function_with_iree(tmp_path):
     """IREE's host build of the rewritten family (one graph, one case per form: dense, strided
-    SAME_UPPER, grouped, depthwise, batched, TensorFlow's NWC) gives onnxruntime's numbers on
+    SAME_UPPER, grouped, depthwise, batched, a 64-tap STFT, TensorFlow's NWC) gives onnxruntime's numbers on
     the Convs."""
     import iree.runtime as rt
     import onnx
@@ -334,8 +334,8 @@ def test_conv1d_as_matmul_compiles_to_the_same_function_with_iree(tmp_path):
 @pytest.mark.parametrize("name,model,x", other_convs(), ids=lambda v: v if isinstance(v, str) else "")
 def test_conv1d_as_matmul_leaves_the_others_alone(name, model, x):
     """2-D Convs over an image (a 1xk kernel included), a kernel across the unit axis, weights
-    computed in the graph, more than 32 taps: not rewritten, the same bytes (the config builds
-    the default's)."""
+    computed in the graph, a depthwise kernel above 32 taps: not rewritten, the same bytes (the
+    config builds the default's)."""
     from pipeline.rewrite.abi_rewrites import conv1d_as_matmul
     before = model.SerializeToString()
     assert conv1d_as_matmul(model) == []

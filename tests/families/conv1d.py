@@ -8,8 +8,8 @@ models (issue 39 item 3), in the forms exporters write it.
   nchw-h  x [N, C, L, 1] -> Conv (2-D, kernel [k, 1]) -> Relu: a line along H.
 Each case sets the channels, kernel, stride, dilation, group, padding (explicit pads, auto_pad
 SAME_UPPER / VALID) and bias. `other_convs()` are Convs the rewrite must leave alone: 2-D Convs
-over a real image, a kernel across the unit axis, weights computed in the graph, a kernel of 64
-taps (an STFT as a Conv1d: one Slice per tap would be 64).
+over a real image, a kernel across the unit axis, weights computed in the graph, a depthwise
+kernel of 40 taps (a Slice and a Mul per tap: at most 32).
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class Conv1dCase:
         return model
 
 
-# the family: kernels 1-7, strides 1-3, dilations 1-2, groups (grouped, depthwise), channels,
+# the family: kernels 1-15 and 64, strides 1-16, dilations 1-2, groups (grouped, depthwise), channels,
 # every padding form, the three layouts, a batch of 2
 CASES = (
     Conv1dCase(),
@@ -115,13 +115,14 @@ CASES = (
     Conv1dCase(cin=6, cout=6, kernel=15, group=6, pad="VALID"),  # depthwise, > 7 taps: chunked
     Conv1dCase(cin=6, cout=12, kernel=3, group=6),             # depthwise, channel multiplier 2
     Conv1dCase(cin=3, cout=16, kernel=4, stride=2, pad="VALID", batch=2),
+    Conv1dCase(cin=1, cout=9, kernel=64, stride=16, pad="VALID", length=400),  # an STFT's shape
     Conv1dCase(layout="nwc-tf"),
     Conv1dCase(layout="nwc-tf", kernel=5, stride=2, pad="SAME_UPPER", bias=False),
     Conv1dCase(layout="nwc-tf", cin=8, cout=8, kernel=3, group=8),
     Conv1dCase(layout="nchw-h", kernel=3, dilation=2),
 )
 # a few of CASES, one per form, that the e2e tests also compile with IREE
-IREE_CASES = (CASES[0], CASES[3], CASES[6], CASES[7], CASES[10], CASES[12])
+IREE_CASES = (CASES[0], CASES[3], CASES[6], CASES[7], CASES[10], CASES[11], CASES[13])
 
 
 def other_convs():
@@ -149,7 +150,7 @@ def other_convs():
             one("image-1x3", [1, 4, 6, 7], [5, 4, 1, 3], pads=[0, 1, 0, 1]),
             one("across-unit-axis", [1, 4, 1, 9], [5, 4, 3, 1], pads=[1, 0, 1, 0]),
             one("computed-weight", [1, 4, 9], [5, 4, 3], computed_weight=True, pads=[1, 1]),
-            one("stft-like-64-taps", [1, 1, 400], [9, 1, 64], strides=[16])]
+            one("depthwise-40-taps", [1, 4, 60], [4, 1, 40], group=4)]
 
 
 def combined(cases, seed: int = 0):
