@@ -30,8 +30,8 @@ workaround, that the bug is still there without it (when it is not, the workarou
     strided_conv_as_im2col     a dense Conv with a stride above 1 as Pad + Slices + Concat
                                (im2col) + a 1x1 Conv: for speed, a matrix product
     conv1d_as_matmul           a Conv along one axis (1-D, or 2-D over a 1-pixel-high line) as
-                               Pad + Slices + Concat (im2col along the line) + a MatMul, a
-                               depthwise one as Slices times per-channel weights: for speed,
+                               Pad + Gather (im2col along the line) + a MatMul, a depthwise
+                               one as Slices times per-channel weights: for speed,
                                IREE's CPU code for 1-D convolutions is 10-25x onnxruntime's
     pointwise_conv_as_matmul   a 1x1 dense Conv (stride 1, unpadded) as Reshape + MatMul +
                                Reshape: for speed, a matrix product IREE data-tiles
@@ -421,14 +421,16 @@ def _line_convs(model) -> dict[int, _Line]:
 def conv1d_as_matmul(model) -> list[str]:
     """Rewrite every Conv along one axis (1-D Convs on [N, C, L]; 2-D ones on [N, C, 1, L] or
     [N, C, L, 1] with a kernel of 1 across the unit axis, as TensorFlow's conv1d exports) as its
-    input padded with zeros (a Pad) + one strided Slice per kernel tap, stacked on channels
-    (im2col along the line) + one MatMul by the weights as a [C_out, taps * C_in] matrix (per
-    group: a batched MatMul), + the bias. A depthwise one (one input and one output channel per
-    group) becomes per tap its Slice times a per-channel weight, summed. IREE 3.13 lowers a
-    1-D convolution (and a 2-D one over a 1-pixel-high image) to a generic op its CPU backend
+    input padded with zeros (a Pad) + the columns by one Gather of the line with a constant
+    [L_out, taps] index (im2col along the line) + Transpose + one MatMul by the weights as a
+    [taps * C_in, C_out] matrix (per group: a batched MatMul), + the bias, + Transpose back. A
+    depthwise one (one input and one output channel per group, at most _MAX_LINE_TAPS taps)
+    becomes per tap a strided Slice times a per-channel weight, summed. IREE 3.13 lowers a 1-D
+    convolution (and a 2-D one over a 1-pixel-high image) to a generic op its CPU backend
     neither data-tiles nor vectorizes well: gen_conv1d 12.5 ms against onnxruntime's 0.5 ms,
-    all of it in the three conv dispatches; as matrix products 1.5 ms (data-tiled matmuls,
-    bench/iree_defaults.py, docs/measurements/2026-12-03-conv1d.md). Returns the names of those
+    all of it in the three conv dispatches; as data-tiled matrix products 1.5 ms (a Slice per
+    tap + Concat; the Gather is faster still, and compiles a 512-tap STFT in 9 s where the
+    Concat took over 120 s: docs/measurements/2026-12-03-conv1d.md). Returns the names of those
     rewritten."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
     import onnx  # onnx: 1.5 s, not needed by doit list
