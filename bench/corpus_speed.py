@@ -261,8 +261,10 @@ def page(rows: dict, configs: list[str], args, started: str, load: list,
                 spread = f" ({min(c['ratios']):.2f}-{max(c['ratios']):.2f})" if len(c["ratios"]) > 1 else ""
                 cells.append(f"{c['ratio']:.2f}{spread}" + ("=" if c["status"] == "same-as" else "")
                              + (f" [{c['build_s']:.0f} s]" if "build_s" in c else ""))
-            else:
+            elif c:
                 cells.append(f"{c.get('status', '-')}: {c.get('why', '')[:80]}".replace("|", "/"))
+            else:
+                cells.append("-")
         out.append(f"| {m} | " + " | ".join(cells) + " |")
     missing = [(m, r) for m, r in rows.items() if m not in measured]
     if missing:
