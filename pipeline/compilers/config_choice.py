@@ -30,11 +30,13 @@ DEFAULT_BUDGET_S = 180.0  # per model and host ABI, when search= is not given
 # validated), instead of the ABI's base flags; its rewrites are no-ops on a model with nothing to
 # rewrite (compile.json then says `base`). None: the base flags. Chosen by the geometric mean of
 # bench/iree_defaults.py over public models and generated op-class graphs, side by side with
-# onnxruntime (docs/measurements/2026-12-03-iree-defaults.md, docs/configs.md).
+# onnxruntime (docs/measurements/2026-12-03-iree-defaults.md, docs/configs.md), with 1-D Convs as
+# MatMuls too (conv1d_as_matmul: five 1-D models 18.2x -> 1.9x onnxruntime; a model without a 1-D
+# Conv gets dw-chunks-loops' bytes: docs/measurements/2026-12-03-conv1d.md).
 # The compile step caps its iree-compile (default_cap_s) and checks its artifact against golden
 # before keeping it; over the cap, failed or off golden, the base flags instead, and compile.json
 # says so (config.default_tried).
-UNPINNED: str | None = "dw-chunks-loops"
+UNPINNED: str | None = "dw-chunks-loops-conv1d"
 # iree-compile's cap for the config UNPINNED names, in seconds: a rewrite that stalls the compiler
 # (dw-chunks on basic-pitch ran past 8 minutes where the base took 37 s) falls back to the base
 # flags instead of stalling the build. $MODELYARD_DEFAULT_CONFIG_CAP_S sets it; not in any step's

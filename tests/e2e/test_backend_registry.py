@@ -6,7 +6,7 @@ compile tools (versions, the linker's sha256) are the ones it was recorded with.
 set since, on purpose: `compile.config` of the IREE CPU ABI says where its config came from (a
 pin, the build's search or the base flags: issue 39), and the choice names that config. And the
 IREE CPU bytes, on purpose: a model without a pin is built with compilers/config_choice.py
-UNPINNED (dw-chunks-loops, LLVM's loop passes added to the base flags; issue 39), and the fixture
+UNPINNED (dw-chunks-loops-conv1d, LLVM's loop passes added to the base flags; issue 39), and the fixture
 holds that artifact's sha256, size and flags, re-recorded from a build; TVM's are the recorded ones."""
 from __future__ import annotations
 
