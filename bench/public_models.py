@@ -74,7 +74,7 @@ def cpu_registry(target: str, folder: Path) -> Path:
 
 
 def hand_edits(spec: Path, source: Path, constants: dict | None = None,
-               ranges: dict | None = None) -> list[str]:
+               ranges: dict | None = None, tolerance: dict | None = None) -> list[str]:
     doc = yaml.safe_load(spec.read_text())
     done = []
     key = source.name.split("__", 1)[-1]
@@ -90,6 +90,9 @@ def hand_edits(spec: Path, source: Path, constants: dict | None = None,
     if tol:
         doc["tolerance"] = tol
         done.append(f"tolerance {tol}")
+    for key, value in {k: v for k, v in (tolerance or {}).items() if k != "why"}.items():
+        doc.setdefault("tolerance", {})[key] = value
+        done.append(f"tolerance.{key} {value}")
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
     return done
 
@@ -136,13 +139,13 @@ def main(argv=None) -> int:
         rows, new_failed = {}, {}
         for name, f, model in entries:
             shapes = model.shapes if model else SHAPES.get(f.name.split("__", 1)[-1], [])
-            failed = (new_in_process(ws, f, name, shapes) if model else
+            failed = (new_in_process(ws, f, name, shapes, model.constants) if model else
                       _new_by_doit(ws, f, name, shapes))
             if failed:
                 new_failed[name] = failed
                 continue
-            edits = (hand_edits(ws / "models" / name / "model.yaml", f, model.constants, model.ranges)
-                     if model else hand_edits(ws / "models" / name / "model.yaml", f))
+            edits = (hand_edits(ws / "models" / name / "model.yaml", f, {}, model.ranges,
+                                model.tolerance) if model else hand_edits(ws / "models" / name / "model.yaml", f))
             rows[name] = {"file": f.name, "edits": edits}
         targets = cpu_registry(args.target, ws / "targets")
         elapsed, built = (doit(ws, "build", f"target={args.target}", f"targets={targets}")
@@ -190,14 +193,17 @@ def _new_by_doit(ws: Path, source: Path, name: str, shapes: list[str]) -> list[s
     return (made.stdout + made.stderr).strip().splitlines() if made.returncode else []
 
 
-def new_in_process(ws: Path, source: Path, name: str, shapes: list[str]) -> list[str]:
-    """What `doit new source= name= shape=...` runs (pipeline.graph.scaffold.new_model), called
-    here: the corpus's 89 models would otherwise pay a doit start (imports, every spec loaded)
-    each. Returns the error's lines, or [] when the folder was written."""
+def new_in_process(ws: Path, source: Path, name: str, shapes: list[str],
+                   constants: dict | None = None) -> list[str]:
+    """What `doit new source= name= shape=... value=...` runs (pipeline.graph.scaffold.new_model),
+    called here: the corpus's 89 models would otherwise pay a doit start (imports, every spec
+    loaded) each. `constants`: an input the model checks, bound as `value=NAME:NUMBER` (silero's
+    sr). Returns the error's lines, or [] when the folder was written."""
     from pipeline.core.errors import PipelineError
     from pipeline.graph.scaffold import new_model
     try:
-        new_model(str(source), name, shapes, None, ws / "models", ws / "artifacts" / ".cache")
+        new_model(str(source), name, shapes, None, ws / "models", ws / "artifacts" / ".cache",
+                  [f"{k}:{v}" for k, v in (constants or {}).items()])
     except PipelineError as e:
         return str(e).splitlines()
     return []

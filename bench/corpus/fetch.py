@@ -44,6 +44,7 @@ class Model:
     constants: dict = field(default_factory=dict)
     ranges: dict = field(default_factory=dict)
     license: str = ""
+    tolerance: dict = field(default_factory=dict)  # a spec tolerance the file cannot say, measured
 
     @property
     def file_name(self) -> str:
@@ -82,7 +83,8 @@ def models(doc: dict) -> list[Model]:
                 depth += 1
             model = Model(name, str(pkg["version"]), m["path"], m["sha256"], m["family"],
                           list(m.get("shapes") or []), dict(m.get("constants") or {}),
-                          dict(m.get("ranges") or {}), pkg["license"])
+                          dict(m.get("ranges") or {}), pkg["license"],
+                          dict(m.get("tolerance") or {}))
             model._base = "_".join(parts[-depth:])
             out.append(model)
     return out

@@ -190,3 +190,16 @@ def test_a_step_that_died_in_a_traceback_is_named_by_its_task():
     assert got == ("stopped: [model=mel_tflite stage=import] a traceback, not a PipelineError: "
                    "RuntimeError: Node number 3 (CONV_2D) failed to prepare.")
     assert public_models.error_class("import", [got]).startswith("import: a traceback")
+
+
+def test_a_corpus_tolerance_says_why_and_reaches_the_spec(tmp_path):
+    """A tolerance the corpus gives a model carries its measured reason, and the bench writes it
+    into the model's spec (the reason stays in the corpus, not in the spec)."""
+    models = [m for m in fetch.models(fetch.load()) if m.tolerance]
+    assert models and all(len(m.tolerance.get("why", "")) > 20 for m in models)
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump({"inputs": {"x": {}}, "tolerance": {"max_abs": 1e-4}}))
+    edits = public_models.hand_edits(spec, Path(models[0].file_name), {}, {}, models[0].tolerance)
+    tolerance = yaml.safe_load(spec.read_text())["tolerance"]
+    assert tolerance == {"max_abs": 1e-4, **{k: v for k, v in models[0].tolerance.items() if k != "why"}}
+    assert edits == [f"tolerance.integer_steps {models[0].tolerance['integer_steps']}"]
