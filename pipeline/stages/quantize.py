@@ -4,10 +4,6 @@ int8: onnxruntime static quantization in QDQ format (QuantizeLinear/DequantizeLi
       standard ops: the only form IREE and TVM compile; QOperator's com.microsoft ops fail),
       int8 activations and weights, calibrated on the variant's calibration samples with MinMax,
       Entropy or Percentile, per-tensor or per-channel weights, `exclude_nodes` left in fp32.
-      For speed (IREE 3.13 on CPUs): the fp32 model first takes INT8_REWRITES (depthwise convs as
-      slices, strided convs as im2col + 1x1: same function, other ops), and only INT8_OPS are
-      quantized; a rewrite that would remove an `exclude_nodes` node is not applied, and
-      quantize.json says so.
 fp16: onnxruntime's float16 converter; inputs/outputs stay float32 unless io_dtype says
       float16; the Cast nodes it inserts (graph boundary, around excluded nodes) are recorded.
 
@@ -28,7 +24,6 @@ from dataclasses import dataclass
 from ..core.layout import static_model
 from ..core.steps import StageConfig, Step, key_value
 from ..core.store import pretty_json
-from ..rewrite.abi_rewrites import rewritten
 from ..spec.samples import Samples, dataset_summary, load_data, sample_inputs_problems
 from ..spec.variants import (IO_DTYPES, METHODS, PRECISIONS, full_name, variant_inputs,
                              variant_preprocessing, variant_tools)
@@ -42,20 +37,6 @@ _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"
 _CALIBRATOR_OPTIONS = {"minmax": {}, "entropy": {"num_bins": 2048, "num_quantized_bins": 128},
                        "percentile": {"num_bins": 2048}}
 INT8_SCHEME = {"format": "QDQ", "activations": "int8", "weights": "int8"}  # what int8 means here
-# The graph rewrites applied to the fp32 model before it is calibrated (rewrite/abi_rewrites.py,
-# each the same function in other ops, skipped where it matches nothing): IREE 3.13 takes a QDQ
-# Conv as an integer convolution in a generic form none of its conv paths recognise; as slices
-# (depthwise) and im2col + 1x1 (strided) the int8 model ran 2.7x faster on ppocr_cls
-# (docs/measurements/2026-12-03-int8-speed.md).
-INT8_REWRITES = ("conv_transpose_as_depth_to_space", "nearest_resize_as_expand",
-                 "depthwise_conv_as_slice_chunks", "strided_conv_as_im2col")
-# The op types quantized: the compute-heavy ones, and GlobalAveragePool. Quantizing every op
-# onnxruntime can (Add, Mul, HardSigmoid, ...) puts a Quantize/Dequantize pair around each, extra
-# work IREE runs as is (ppocr_cls: 1.3x slower); without GlobalAveragePool, the squeeze-excite
-# blocks' pooled vectors enter their Convs unquantized in range, and ppocr_cls.int8 misses its
-# gate (top-1 0.979, max_abs 0.57 against 0.98 and 0.25; with it 1.000 and 0.19).
-INT8_OPS = ("Conv", "MatMul", "Gemm", "GlobalAveragePool")
-_INT8_FORM = {"ops": list(INT8_OPS), "rewrites": list(INT8_REWRITES)}  # in an int8 step's key
 
 
 @dataclass(frozen=True)
@@ -99,16 +80,16 @@ class Config(StageConfig):
         else:
             key = {"precision": "int8", **INT8_SCHEME, "method": self.method,
                    "percentile": self.percentile, "per_channel": self.per_channel,
-                   "exclude_nodes": list(self.exclude_nodes), **_INT8_FORM}
+                   "exclude_nodes": list(self.exclude_nodes)}
         return {**key, "inputs": key_value(self.inputs), "preprocessing": key_value(self.preprocessing),
                 "calibration": key_value(self.calibration)}
 
     @classmethod
     def from_key(cls, key: dict) -> "Config":
-        scheme = {k: key[k] for k in (*INT8_SCHEME, *_INT8_FORM) if k in key}
-        if scheme and scheme != {**INT8_SCHEME, **_INT8_FORM}:
-            raise ValueError(f"{__name__}.Config: int8 is {INT8_SCHEME | _INT8_FORM} here, got {scheme}")
-        rest = {k: v for k, v in key.items() if k not in scheme}
+        scheme = {k: key[k] for k in INT8_SCHEME if k in key}
+        if scheme and scheme != INT8_SCHEME:
+            raise ValueError(f"{__name__}.Config: int8 is {INT8_SCHEME} here, got {scheme}")
+        rest = {k: v for k, v in key.items() if k not in INT8_SCHEME}
         calibration = rest["calibration"] and Samples.from_key(rest["calibration"])
         return cls(**{**rest, "calibration": calibration})
 
@@ -190,7 +171,6 @@ def _int8(ctx, model, out_path) -> dict:
             return next(self.it, None)
 
     moved = constants_to_initializers(model)
-    model, rewrites = _rewritten(model, cfg.exclude_nodes)
     fp32 = ctx.scratch / "fp32.onnx"
     onnx.save(model, str(fp32))
     method = getattr(CalibrationMethod, _METHODS[cfg.method])
@@ -208,7 +188,6 @@ def _int8(ctx, model, out_path) -> dict:
             quantize_static(str(fp32), str(out_path), None, quant_format=QuantFormat.QDQ,
                             per_channel=cfg.per_channel, activation_type=QuantType.QInt8,
                             weight_type=QuantType.QInt8, nodes_to_exclude=list(cfg.exclude_nodes),
-                            op_types_to_quantize=list(INT8_OPS),
                             calibrate_method=method, calibration_cache_path=str(ranges))
     except Exception as exc:  # onnxruntime raises whatever its passes raise
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
@@ -222,22 +201,7 @@ def _int8(ctx, model, out_path) -> dict:
     return {"calibration": {"samples": len(samples), "method": cfg.method,
                             "percentile": cfg.percentile, "per_channel": cfg.per_channel,
                             "calibrator_options": _CALIBRATOR_OPTIONS[cfg.method]},
-            "constants_as_initializers": moved, "ops": list(INT8_OPS), "rewrites": rewrites}
-
-
-def _rewritten(model, exclude_nodes) -> tuple:
-    """The fp32 model rewritten by INT8_REWRITES, and what they touched; unchanged (and why)
-    when a rewrite would remove a node that `exclude_nodes` keeps in fp32."""
-    import onnx  # onnx: 1.5 s, not needed by doit list
-    trial = onnx.ModelProto()
-    trial.CopyFrom(model)
-    _, done = rewritten(trial, INT8_REWRITES)
-    names = {n.name for n in trial.graph.node}
-    lost = [n for n in exclude_nodes if n not in names]
-    if lost:
-        return model, {"applied": [], "why": f"not applied: they would rewrite exclude_nodes "
-                                              f"{', '.join(lost)}, which stay fp32 as they are"}
-    return trial, {"applied": [d for d in done if d["nodes"]]}
+            "constants_as_initializers": moved}
 
 
 def _fp16(ctx, model, out_path) -> dict:
