@@ -41,7 +41,6 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -53,110 +52,26 @@ from ..core.errors import PipelineError
 from ..core.layout import Layout
 from ..core.store import atomic_write_text, pretty_json, sha256_file
 from ..core.tools import cpu_model, distribution_version
-from ..run.ort import reduced_session
-from .profile_graph import FLOAT_TYPES, Graph, load_graph, named
+from .profile_context import Context, Options
+from .profile_graph import load_graph, named
 from .profile_iree import IreeProfiler, import_with_locations
 from .profile_ort import OrtProfiler
 from .profile_sides import ORT, STAGE, compare
 from .profile_text import table
-from .profile_tvm import TvmProfiler, fingerprint
+from .profile_tvm import TvmProfiler
 # Names callers and tests read from here (`from pipeline.bench import profile as P`), each
 # defined in the module of its concern:
-from .profile_graph import Node, conv_category  # noqa: F401,E402
+from .profile_graph import Graph, Node, conv_category  # noqa: F401,E402
 from .profile_iree import (by_kind_and_shape, dispatch_locations, iree_entries,  # noqa: F401,E402
                            parse_dispatch, read_benchmark)
 from .profile_ort import ort_node_map, ort_times  # noqa: F401,E402
 from .profile_sides import side  # noqa: F401,E402
 from .profile_text import TOP, _guessed, display_name, nodes_text  # noqa: F401,E402
-from .profile_tvm import align, same_values, tvm_entries  # noqa: F401,E402
+from .profile_context import fingerprint, same_values  # noqa: F401,E402
+from .profile_tvm import align, tvm_entries  # noqa: F401,E402
 
 SCHEMA = "modelyard.profile/1"
 VARS = ("abi", "iterations", "rounds", "warmup", "threads")
-
-
-# ----------------------------------------------------------------------------- options
-@dataclass(frozen=True)
-class Options:
-    """What one `doit profile` run is asked to do (doit vars of the same names)."""
-    abi: str | None = None       # one ABI of the model (default: every one that runs here)
-    iterations: int = 10         # runs per runtime per round
-    rounds: int = 3              # the runtimes take turns this many times
-    warmup: int = 2              # untimed runs of each runtime first
-    threads: int | None = None   # CPU threads, all runtimes (default: every usable CPU, as the bench)
-
-    def __post_init__(self):
-        bad = [f"{k}={getattr(self, k)}: must be >= {low}" for k, low in
-               (("iterations", 1), ("rounds", 1), ("warmup", 0)) if getattr(self, k) < low]
-        if self.threads is not None and self.threads < 1:
-            bad.append(f"threads={self.threads}: must be >= 1")
-        if bad:
-            raise PipelineError("bad profile options: " + "; ".join(bad), stage=STAGE,
-                                hint="e.g. doit profile target=host model=ppocr_cls iterations=10 "
-                                     "rounds=3")
-
-    @classmethod
-    def from_vars(cls, raw: dict) -> "Options":
-        kw = {}
-        for name, value in raw.items():
-            if value is None:
-                continue
-            try:
-                kw[name] = value if name == "abi" else int(value)
-            except ValueError:
-                raise PipelineError(f"profile option {name}={value!r} is not valid", stage=STAGE,
-                                    hint="iterations, rounds, warmup and threads take integers"
-                                    ) from None
-        return cls(**kw)
-
-    def usable_threads(self) -> int:
-        return self.threads or len(os.sched_getaffinity(0))
-
-
-# ----------------------------------------------------------------------------- together
-
-
-@dataclass
-class Context:
-    """What every runtime's profiler of one model shares."""
-    layout: Layout
-    target: str
-    model: str
-    options: Options
-    scratch: Path
-    named_model: Path
-    graph: Graph
-    input_names: list[str]
-    inputs: list
-    input_files: list[Path]
-    threads: int
-    log: Path
-    _reference: dict | None = None
-
-    def where(self, abi: str | None = None) -> dict:
-        return {"stage": STAGE, "model": self.model,
-                "target": f"{self.target}/{abi}" if abi else self.target}
-
-    def reference(self) -> dict:
-        """onnxruntime's value of every float tensor of the static model on the golden inputs,
-        as fingerprints: tensor -> (shape, sum, sum of |x|)."""
-        if self._reference is None:
-            import onnx  # onnx: 1.5 s, not needed by doit list
-            from onnx import helper  # onnx: 1.5 s, not needed by doit list
-            model = onnx.load(str(self.named_model))
-            present = {o.name for o in model.graph.output}
-            for n in self.graph.nodes:
-                for t in n.outputs:
-                    if t not in present and self.graph.types.get(t) in FLOAT_TYPES:
-                        model.graph.output.append(helper.make_tensor_value_info(
-                            t, self.graph.types[t], None))
-            names = [o.name for o in model.graph.output]
-            values = reduced_session(model.SerializeToString()).run(
-                None, dict(zip(self.input_names, self.inputs)))
-            values = [*values, *self.inputs]
-            names = [*names, *self.input_names]
-            self._reference = {n: fingerprint(v) for n, v in zip(names, values)
-                               if getattr(v, "dtype", None) is not None and v.dtype.kind == "f"}
-        return self._reference
 
 
 PROFILERS = {IREE: IreeProfiler, TVM: TvmProfiler}   # backend -> its profiler

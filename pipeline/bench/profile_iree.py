@@ -21,7 +21,7 @@ from .profile_graph import ELEMENTWISE, HEAVY, Graph
 from .profile_sides import STAGE, side
 
 if TYPE_CHECKING:
-    from .profile import Context
+    from .profile_context import Context
 
 
 CRASH_RETRIES = 3    # iree-benchmark-module runs that died of a signal, run again (see round())

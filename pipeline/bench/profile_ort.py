@@ -11,7 +11,7 @@ from .profile_graph import Graph
 from .profile_sides import ORT, side
 
 if TYPE_CHECKING:
-    from .profile import Context
+    from .profile_context import Context
 
 
 def ort_node_map(opt_nodes: list[tuple], graph: Graph) -> dict[str, list[str]]:

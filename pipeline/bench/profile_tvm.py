@@ -11,30 +11,17 @@ from typing import TYPE_CHECKING
 from ..compilers.tvm_backend import TVM
 from ..core.errors import PipelineError
 from ..run.tvm_run import TvmModule
+from .profile_context import fingerprint, same_values
 from .profile_graph import Graph
 from .profile_sides import side
 
 if TYPE_CHECKING:
-    from .profile import Context
+    from .profile_context import Context
 
 
 def kernel_op(symbol: str) -> str:
     """A TVM kernel's op: `conv2d40` -> conv2d, `fused_conv2d_add_relu3` -> conv2d_add_relu."""
     return re.sub(r"\d+$", "", symbol.removeprefix("fused_"))
-
-
-def fingerprint(array) -> tuple:
-    import numpy as np  # numpy: 0.2 s, not needed by doit list
-    a = np.asarray(array, dtype=np.float64)
-    return tuple(a.shape), float(a.sum()), float(np.abs(a).sum())
-
-
-def same_values(a: tuple, b: tuple, rel: float = 1e-3) -> bool:
-    """Two fingerprints (shape, sum, sum of |x|) of the same tensor computed two ways."""
-    if a[0] != b[0] and math.prod(a[0]) != math.prod(b[0]):
-        return False
-    scale = max(abs(a[2]), abs(b[2]), 1e-12) * rel + 1e-9
-    return abs(a[1] - b[1]) <= scale and abs(a[2] - b[2]) <= scale
 
 
 def align(calls: list[dict], graph: Graph) -> list[dict]:
