@@ -177,7 +177,6 @@ def _rewrite_convs(model, found: dict, replace, borders=_zero_borders) -> list[s
     appends the nodes that compute conv.node.output[0], its input padded by `borders`; returns
     the names of those replaced."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
-    import onnx  # onnx: 1.5 s, not needed by doit list
     from onnx import numpy_helper  # onnx: 1.5 s, not needed by doit list
     if not found:
         return []
@@ -192,6 +191,14 @@ def _rewrite_convs(model, found: dict, replace, borders=_zero_borders) -> list[s
             replace(found[k], borders(found[k], nodes, const), nodes, const)
         else:
             nodes.append(node)
+    _install(model, nodes, consts)
+    return [found[k].name for k in sorted(found)]
+
+
+def _install(model, nodes: list, consts: list) -> None:
+    """The graph's nodes become `nodes`, `consts` join its initializers, the initializers no node
+    reads any more are dropped, and the model is checked."""
+    import onnx  # onnx: 1.5 s, not needed by doit list
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(consts)
@@ -200,7 +207,6 @@ def _rewrite_convs(model, found: dict, replace, borders=_zero_borders) -> list[s
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
     onnx.checker.check_model(model)
-    return [found[k].name for k in sorted(found)]
 
 
 def depthwise_conv_as_dense(model) -> list[str]:
@@ -433,7 +439,6 @@ def conv1d_as_matmul(model) -> list[str]:
     Concat took over 120 s: docs/measurements/2026-12-03-conv1d.md). Returns the names of those
     rewritten."""
     import numpy as np  # numpy: 0.2 s, not needed by doit list
-    import onnx  # onnx: 1.5 s, not needed by doit list
     from onnx import helper, numpy_helper  # onnx: 1.5 s, not needed by doit list
     found = _line_convs(model)
     if not found:
@@ -532,14 +537,7 @@ def conv1d_as_matmul(model) -> list[str]:
                                       perm=[1, 0, 3, 2]))
         nodes.append(helper.make_node("Reshape", [f"{p}_nc", const(f"{p}_out", np.array(line.y_shape, np.int64))],
                                       list(node.output), name=f"{line.name}__out"))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    model.graph.initializer.extend(consts)
-    used = {i for nd in model.graph.node for i in nd.input}
-    keep = [i for i in model.graph.initializer if i.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
-    onnx.checker.check_model(model)
+    _install(model, nodes, consts)
     return [found[k].name for k in sorted(found)]
 
 
