@@ -40,7 +40,7 @@ from ..core.tools import cpu_model, distribution_version
 from ..run.timing import (NOISY_CV, PHASES, IreeCpuRunner, IreeVulkanRunner, OnnxruntimeCpuRunner,
                           paired_ratio_p50, stats)
 from ..run.tvm_timing import TvmCpuRunner
-from ..run.variant_speed import build_text, next_hint, slower_text
+from ..run.variant_speed import build_text, ms_text, next_hint, slower_text
 from . import profile, report
 
 # The bench's API: its own, and the runners and statistics of run/timing.py it applies.
@@ -411,13 +411,9 @@ def run(layout: Layout, target: str, options: Options, say: Callable[[str], None
     return summary
 
 
-def _fmt(ms: float) -> str:
-    return f"{ms:.3f}" if ms < 10 else f"{ms:.1f}"
-
-
 def _row_text(row: dict) -> str:
-    return (f"{row['model']}/{row['abi']}: p50 {_fmt(row['p50_ms'])} ms, onnxruntime "
-            f"{_fmt(row['onnxruntime']['p50_ms'])} ms, ratio {row['ratio_to_onnxruntime']:.2f}x"
+    return (f"{row['model']}/{row['abi']}: p50 {ms_text(row['p50_ms'])} ms, onnxruntime "
+            f"{ms_text(row['onnxruntime']['p50_ms'])} ms, ratio {row['ratio_to_onnxruntime']:.2f}x"
             f"{' (noisy)' if row['noisy'] else ''}")
 
 
@@ -463,9 +459,9 @@ def table(summary: dict) -> list[str]:
     body = []
     for r in summary["artifacts"]:
         ph = r["phases_p50_ms"]
-        body.append((r["model"], r["abi"], str(r["n"]), _fmt(r["p50_ms"]), _fmt(r["p90_ms"]),
-                     _fmt(r["p99_ms"]), f"{r['cv']:.2f}{'*' if r['noisy'] else ''}",
-                     "/".join(_fmt(ph[p]) for p in PHASES), _fmt(r["onnxruntime"]["p50_ms"]),
+        body.append((r["model"], r["abi"], str(r["n"]), ms_text(r["p50_ms"]), ms_text(r["p90_ms"]),
+                     ms_text(r["p99_ms"]), f"{r['cv']:.2f}{'*' if r['noisy'] else ''}",
+                     "/".join(ms_text(ph[p]) for p in PHASES), ms_text(r["onnxruntime"]["p50_ms"]),
                      f"{r['ratio_to_onnxruntime']:.2f}x"))
     widths = [max(len(x[k]) for x in (head, *body)) for k in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *body)]
@@ -482,7 +478,7 @@ def table(summary: dict) -> list[str]:
         for row in reg["rows"]:
             if "change_pct" in row:
                 lines.append(f"vs baseline: {row['model']}/{row['abi']} p50 "
-                             f"{_fmt(row['baseline_p50_ms'])} -> {_fmt(row['p50_ms'])} ms "
+                             f"{ms_text(row['baseline_p50_ms'])} -> {ms_text(row['p50_ms'])} ms "
                              f"({row['change_pct']:+.1f}%), ratio {row['baseline_ratio']:.2f}x -> "
                              f"{row['ratio']:.2f}x: {row['status']}")
             else:
@@ -499,7 +495,7 @@ def variant_table(variants: list[dict]) -> list[str]:
     head = ("model", "abi", "precision", "size", "fp32 size", "p50 ms", "fp32 p50 ms", "speedup",
             "ort p50 ms", "ort fp32 p50 ms")
     kb = lambda b: "n/a" if b is None else f"{b / 1024:.0f} KiB"
-    ms = lambda v: "n/a" if v is None else _fmt(v)
+    ms = lambda v: "n/a" if v is None else ms_text(v)
     body = [(v["model"], v["abi"], v["precision"], kb(v["size"]), kb(v["fp32_size"]),
              ms(v["p50_ms"]), ms(v["fp32_p50_ms"]),
              "n/a" if v["speedup"] is None else f"{v['speedup']:.2f}x",

@@ -7,7 +7,8 @@ with the figures side by side and a `next:` hint.
 from __future__ import annotations
 
 
-def _ms(v: float) -> str:
+def ms_text(v: float) -> str:
+    """Milliseconds as every timing table here prints them (3 decimals below 10 ms)."""
     return f"{v:.3f}" if v < 10 else f"{v:.1f}"
 
 
@@ -20,8 +21,8 @@ def next_hint(precision: str) -> str:
 
 def slower_text(precision: str, p50_ms: float, fp32_p50_ms: float) -> str:
     """A precision variant slower than its fp32 build, in words (choice, manifest, bench)."""
-    return (f"the {precision} artifact is SLOWER than its fp32 build here: p50 {_ms(p50_ms)} ms vs "
-            f"{_ms(fp32_p50_ms)} ms ({fp32_p50_ms / p50_ms:.2f}x): it does not pay on this ABI")
+    return (f"the {precision} artifact is SLOWER than its fp32 build here: p50 {ms_text(p50_ms)} ms vs "
+            f"{ms_text(fp32_p50_ms)} ms ({fp32_p50_ms / p50_ms:.2f}x): it does not pay on this ABI")
 
 
 def record(precision: str, p50_ms: float, fp32_p50_ms: float, ort_p50_ms: float | None,
@@ -47,7 +48,7 @@ def not_measured(why: str) -> dict:
 def figures_text(rec: dict) -> str:
     """The four p50s of a measured record, side by side, in one line."""
     def ms(v):
-        return "n/a" if v is None else f"{_ms(v)} ms"
+        return "n/a" if v is None else f"{ms_text(v)} ms"
     return (f"artifact p50 {ms(rec['p50_ms'])}, fp32 artifact {ms(rec['fp32_p50_ms'])} "
             f"(speedup {rec['speedup']:.2f}x); onnxruntime on the variant's model "
             f"{ms(rec['onnxruntime_p50_ms'])}, on fp32 {ms(rec['onnxruntime_fp32_p50_ms'])}")
