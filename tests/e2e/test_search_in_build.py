@@ -16,12 +16,12 @@ from tests.conftest import REPO, add_tiny_model, ran
 CONFIGS = ("o3", "im2col", "dw-slices")
 
 
-def _registry(folder):
-    """host.yaml with its IREE CPU ABI only and three of its configs (dw-slices changes nothing
-    in a model without a depthwise Conv: the search records it as the same build as default)."""
+def _registry(folder, configs=CONFIGS):
+    """host.yaml with its IREE CPU ABI only and `configs` of it (by default three: dw-slices changes
+    nothing in a model without a depthwise Conv: the search records it as the same build as default)."""
     doc = yaml.safe_load((REPO / "pipeline/targets/host.yaml").read_text())
     abi = doc["abis"]["cpu-x86_64"]
-    abi["configs"] = [c for c in abi["configs"] if c["name"] in CONFIGS]
+    abi["configs"] = [c for c in abi["configs"] if c["name"] in configs]
     doc["abis"], doc["fallback"] = {"cpu-x86_64": abi}, ["cpu-x86_64"]
     doc.pop("ship", None)
     folder.mkdir()
@@ -94,18 +94,6 @@ def test_search_0_builds_the_base_flags_and_a_spent_budget_says_so(workspace, tm
 UNPINNED_CONFIGS = ("loops", "dw-chunks-loops", "dw-chunks-loops-conv1d")
 
 
-def _unpinned_registry(folder):
-    """host.yaml with its IREE CPU ABI only and the configs of a model without a pin."""
-    doc = yaml.safe_load((REPO / "pipeline/targets/host.yaml").read_text())
-    abi = doc["abis"]["cpu-x86_64"]
-    abi["configs"] = [c for c in abi["configs"] if c["name"] in UNPINNED_CONFIGS]
-    doc["abis"], doc["fallback"] = {"cpu-x86_64": abi}, ["cpu-x86_64"]
-    doc.pop("ship", None)
-    folder.mkdir()
-    (folder / "host.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return folder
-
-
 def test_the_config_of_a_model_without_a_pin_is_capped_and_checked_else_the_base_flags(
         workspace, tmp_path, monkeypatch):
     """search=0: the config UNPINNED names is built (its flags, compile.json `from: default`) and
@@ -120,7 +108,7 @@ def test_the_config_of_a_model_without_a_pin_is_capped_and_checked_else_the_base
     loops = ["--iree-llvmcpu-loop-vectorization", "--iree-llvmcpu-loop-unrolling",
              "--iree-llvmcpu-loop-interleaving"]
     add_tiny_model(workspace.models, "tiny")
-    targets = _unpinned_registry(tmp_path / "targets")
+    targets = _registry(tmp_path / "targets", UNPINNED_CONFIGS)
     assert workspace.doit("static", "golden").returncode == 0
     project = load_project(workspace.models, workspace.artifacts, "host", targets, search="0")
     (step,) = [s for s in iree_compile.steps(project) if s.name == "host/tiny/cpu-x86_64"]
