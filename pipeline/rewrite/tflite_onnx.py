@@ -224,17 +224,22 @@ class _Converter:
         return helper.make_tensor_value_info(name or self.names[i], ONNX_TYPES[t.type], dims)
 
     # ------------------------------------------------------------------ control flow
+    def _subgraph(self, index: int, given: int, where: str):
+        """TFLite subgraph `index` (not the main one), refused unless it takes `given` inputs."""
+        if not 0 < index < len(self.model.subgraphs):
+            raise Unsupported(f"{where} subgraph #{index} does not exist")
+        sub = self.model.subgraphs[index]
+        if len(sub.inputs) != given:
+            raise Unsupported(f"{where} subgraph #{index} takes {len(sub.inputs)} inputs, "
+                              f"{given} are given")
+        return sub
+
     def _branch(self, index: int, operands: list[int], where: str):
         """TFLite subgraph `index` as the body of an ONNX If branch: its inputs are the IF's
         operands (outer values, read from the outer scope: an ONNX branch has no inputs), its
         constants its own initializers, its outputs fresh names (a branch that passes an operand
         through gets an Identity). Nested IFs convert the same way."""
-        if not 0 < index < len(self.model.subgraphs):
-            raise Unsupported(f"{where} subgraph #{index} does not exist")
-        sub = self.model.subgraphs[index]
-        if len(sub.inputs) != len(operands):
-            raise Unsupported(f"{where} subgraph #{index} takes {len(sub.inputs)} inputs, the IF "
-                              f"gives {len(operands)}")
+        sub = self._subgraph(index, len(operands), where)
         outer = (self.sub, self.nodes, self.inits, self.names, self.cache)
         bound = {i: self.raw(j) for i, j in zip(sub.inputs, operands)}
         self.depth += 1
@@ -258,12 +263,7 @@ class _Converter:
     def _inline(self, index: int, values: list[str], where: str) -> list[str]:
         """TFLite subgraph `index` converted into the graph being built (its nodes appended here),
         its inputs bound to the ONNX values `values`; returns its outputs' ONNX names."""
-        if not 0 < index < len(self.model.subgraphs):
-            raise Unsupported(f"{where} subgraph #{index} does not exist")
-        sub = self.model.subgraphs[index]
-        if len(sub.inputs) != len(values):
-            raise Unsupported(f"{where} subgraph #{index} takes {len(sub.inputs)} inputs, "
-                              f"{len(values)} are given")
+        sub = self._subgraph(index, len(values), where)
         outer = (self.sub, self.names, self.cache)
         self.depth += 1
         try:
